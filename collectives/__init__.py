@@ -1,0 +1,37 @@
+"""Moving bytes: allreduce algorithms over a Communicator.
+
+``ALGORITHMS`` maps each registered name to its class::
+
+    from collectives import ALGORITHMS, MPICommunicator
+    comm = MPICommunicator()
+    algo = ALGORITHMS["gtopk"](comm)
+    out = algo(grad, name="fc1.weight", density=0.01)
+    print(algo.last_traffic.total().bytes_sent)
+"""
+from ._base import ALGORITHMS, Algorithm, SparseAllreduce, SparseState, register, validate
+from ._comm import Communicator, MPICommunicator, PhaseCounters, Traffic
+from ._timing import timeit
+from ._dense import Dense, NativeMPI, rabenseifner
+from ._topk import GaussianK, TopkA
+from ._tree import GTopk, TopkDSA
+
+__all__ = [
+    "ALGORITHMS",
+    "Algorithm",
+    "Communicator",
+    "Dense",
+    "GTopk",
+    "GaussianK",
+    "MPICommunicator",
+    "NativeMPI",
+    "PhaseCounters",
+    "SparseAllreduce",
+    "SparseState",
+    "TopkA",
+    "TopkDSA",
+    "Traffic",
+    "rabenseifner",
+    "register",
+    "timeit",
+    "validate",
+]

@@ -1,0 +1,215 @@
+"""Algorithm base class, the registry, per-tensor state and input validation."""
+from __future__ import annotations
+
+import abc
+import zlib
+from typing import ClassVar
+
+import numpy as np
+
+import kernels
+
+from ._comm import Communicator, Traffic
+
+__all__ = [
+    "ALGORITHMS",
+    "Algorithm",
+    "SparseAllreduce",
+    "SparseState",
+    "register",
+    "SUPPORTED_DTYPES",
+]
+
+ALGORITHMS: dict[str, type["Algorithm"]] = {}
+
+SUPPORTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def register(cls):
+    """Class decorator: add an Algorithm subclass to ``ALGORITHMS`` under ``cls.name``."""
+    name = cls.name
+    if name in ALGORITHMS and ALGORITHMS[name] is not cls:
+        raise ValueError(f"algorithm {name!r} registered twice")
+    ALGORITHMS[name] = cls
+    return cls
+
+
+# -- validation ---------------------------------------------------------------
+_BAD_DTYPE, _NONCONTIG, _NONFINITE, _EMPTY, _BAD_DENSITY = 1, 2, 4, 8, 16
+_REASONS = {
+    _BAD_DTYPE: ("TypeError", "unsupported dtype (supported: float32, float64)"),
+    _NONCONTIG: ("ValueError", "tensor is not contiguous"),
+    _NONFINITE: ("ValueError", "tensor holds NaN or Inf"),
+    _EMPTY: ("ValueError", "tensor is empty"),
+    _BAD_DENSITY: ("ValueError", "density must be in (0, 1]"),
+}
+
+
+def validate(comm: Communicator, x, *, density: float | None = None, check_finite: bool = True):
+    """Check ``x`` on every rank and agree on the verdict.
+
+    One small allgather carries each rank's flags, size, dtype and shape hash,
+    so every rank raises the same error (naming the offending ranks) instead
+    of some ranks entering a collective the others never reach.
+
+    Raises:
+        TypeError: unsupported dtype on some rank.
+        ValueError: any other problem on some rank, or shapes/dtypes differing.
+    """
+    xp = kernels.array_module(x)
+    code = 0
+    dt = np.dtype(x.dtype)
+    if dt not in SUPPORTED_DTYPES:
+        code |= _BAD_DTYPE
+    if not (x.flags.c_contiguous):
+        code |= _NONCONTIG
+    if x.size == 0:
+        code |= _EMPTY
+    elif check_finite and not (code & _BAD_DTYPE) and not bool(xp.isfinite(x).all()):
+        code |= _NONFINITE
+    if density is not None and not (0.0 < density <= 1.0):
+        code |= _BAD_DENSITY
+    shape_hash = zlib.crc32(repr(tuple(x.shape)).encode()) & 0x7FFFFFFF
+    mine = [code, int(x.size), zlib.crc32(dt.str.encode()) & 0x7FFFFFFF, shape_hash]
+    if comm.size > 1:
+        with comm.phase("control:validate"):
+            table = comm.allgather_ints(mine)
+    else:
+        table = np.asarray([mine], dtype=np.int64)
+    codes = table[:, 0]
+    if codes.any():
+        for bit, (kind, why) in _REASONS.items():
+            ranks = [int(r) for r in np.flatnonzero(codes & bit)]
+            if ranks:
+                exc = TypeError if kind == "TypeError" else ValueError
+                raise exc(f"allreduce: {why} on rank(s) {ranks}"
+                          + (f" (dtype {dt})" if bit == _BAD_DTYPE and code & bit else ""))
+    for col, what in ((1, "size"), (2, "dtype"), (3, "shape")):
+        if (table[:, col] != table[0, col]).any():
+            raise ValueError(
+                f"allreduce: tensor {what} differs across ranks "
+                f"(this rank: shape {tuple(x.shape)}, dtype {dt})")
+
+
+# -- state -----------------------------------------------------------------------
+class SparseState:
+    """Per-tensor state of a sparse algorithm (error feedback and thresholds).
+
+    Fields, grouped as in PyTorch's PowerSGDState:
+      tuned:      density, tau (region-boundary refresh interval), tau_prime
+                  (threshold refresh interval)
+      internal:   residual, local_threshold, global_threshold, boundaries,
+                  iteration
+      statistics: selected_local, selected_global (counts at the last call)
+    """
+
+    __slots__ = (
+        "density", "tau", "tau_prime",
+        "residual", "local_threshold", "global_threshold", "boundaries", "iteration",
+        "selected_local", "selected_global",
+    )
+
+    def __init__(self, n: int, dtype, xp=np, *, density: float, tau: int = 64, tau_prime: int = 32):
+        if not (0.0 < density <= 1.0):
+            raise ValueError(f"density must be in (0, 1], got {density!r}")
+        if tau < 1 or tau_prime < 1:
+            raise ValueError(f"tau and tau_prime must be >= 1, got {tau}, {tau_prime}")
+        self.density = float(density)
+        self.tau = int(tau)
+        self.tau_prime = int(tau_prime)
+        self.residual = xp.zeros(n, dtype=dtype)
+        self.local_threshold: float | None = None
+        self.global_threshold: float | None = None
+        self.boundaries: list[int] | None = None
+        self.iteration = 0
+        self.selected_local = 0
+        self.selected_global = 0
+
+    @property
+    def n(self) -> int:
+        return int(self.residual.size)
+
+    @property
+    def k(self) -> int:
+        return kernels.k_from_density(self.n, self.density)
+
+
+# -- algorithms ------------------------------------------------------------------
+class Algorithm(abc.ABC):
+    """An allreduce algorithm bound to a communicator.
+
+    Call it as ``algo(x, name=..., density=...)``; the output is a new flat
+    array (same dtype, same array module) identical on every rank.
+    ``last_traffic`` holds the per-phase counters of the latest call.
+    """
+
+    name: ClassVar[str]
+    lossy: ClassVar[bool] = False
+
+    def __init__(self, comm: Communicator, *, check_finite: bool = True):
+        self.comm = comm
+        self.check_finite = check_finite
+        self.last_traffic = Traffic()
+
+    def __call__(self, x, *, name: str | None = None, density: float | None = None, **kw):
+        validate(self.comm, x, density=density if self.lossy else None,
+                 check_finite=self.check_finite)
+        x = x.reshape(-1)
+        before = self.comm.traffic.copy()  # validation is not the algorithm's traffic
+        out = self._call(x, name=name, density=density, **kw)
+        self.last_traffic = self.comm.traffic.since(before)
+        return out
+
+    @abc.abstractmethod
+    def _call(self, x, *, name, density, **kw): ...
+
+    @staticmethod
+    @abc.abstractmethod
+    def traffic_bound(n: int, P: int, k: int, itemsize: int = 4) -> int:
+        """Upper bound on the bytes one rank sends, and on those it receives, per call."""
+
+
+class SparseAllreduce(Algorithm):
+    """Base of the top-k family: error feedback around a stateless exchange.
+
+    Subclasses implement ``_exchange(acc, state) -> out`` where ``acc`` is the
+    residual buffer already holding residual + x; they must zero in ``acc``
+    exactly the entries whose values reached the output (or move dropped
+    partial sums into it), so that conservation holds:
+    sum(outputs) + sum(residuals over ranks) == sum(inputs).
+    """
+
+    lossy = True
+    default_density = 0.01
+
+    def __init__(self, comm: Communicator, *, tau: int = 64, tau_prime: int = 32, **kw):
+        super().__init__(comm, **kw)
+        self.tau = tau
+        self.tau_prime = tau_prime
+        self.states: dict[str, SparseState] = {}
+
+    def state(self, name: str) -> SparseState:
+        return self.states[name]
+
+    def _call(self, x, *, name, density, **kw):
+        if name is None:
+            raise ValueError(
+                f"{self.name} keeps error-feedback state per tensor: pass name=...")
+        density = self.default_density if density is None else density
+        st = self.states.get(name)
+        if st is None or st.n != x.size or st.residual.dtype != x.dtype:
+            if st is not None:
+                raise ValueError(f"tensor {name!r} changed size or dtype "
+                                 f"({st.n}/{st.residual.dtype} -> {x.size}/{x.dtype})")
+            xp = kernels.array_module(x)
+            st = self.states[name] = SparseState(
+                x.size, x.dtype, xp, density=density, tau=self.tau, tau_prime=self.tau_prime)
+        st.density = float(density)
+        acc = st.residual
+        acc += x
+        out = self._exchange(acc, st)
+        st.iteration += 1
+        return out
+
+    @abc.abstractmethod
+    def _exchange(self, acc, state: SparseState): ...

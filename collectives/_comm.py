@@ -1,0 +1,354 @@
+"""The Communicator: the few operations the algorithms need, with traffic accounting.
+
+Every backend counts, per rank and per named phase, the bytes and messages it
+sends and receives, and the wall time spent inside each phase.  Point-to-point
+operations are counted exactly.  Native collectives (allgather(v), alltoallv,
+allreduce, bcast) are counted with the volume of the bandwidth-optimal
+algorithm for that collective (ring allgather: each rank sends its block to
+P-1 ranks and receives the P-1 others; allreduce: 2m(P-1)/P each way; binomial
+bcast), which is also what the paper's Table 1 assumes.
+"""
+from __future__ import annotations
+
+import abc
+import contextlib
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+__all__ = ["Communicator", "MPICommunicator", "Traffic", "PhaseCounters"]
+
+
+@dataclass
+class PhaseCounters:
+    bytes_sent: int = 0
+    bytes_recv: int = 0
+    msgs_sent: int = 0
+    msgs_recv: int = 0
+    seconds: float = 0.0
+
+    def __add__(self, o: "PhaseCounters") -> "PhaseCounters":
+        return PhaseCounters(
+            self.bytes_sent + o.bytes_sent,
+            self.bytes_recv + o.bytes_recv,
+            self.msgs_sent + o.msgs_sent,
+            self.msgs_recv + o.msgs_recv,
+            self.seconds + o.seconds,
+        )
+
+    def __sub__(self, o: "PhaseCounters") -> "PhaseCounters":
+        return PhaseCounters(
+            self.bytes_sent - o.bytes_sent,
+            self.bytes_recv - o.bytes_recv,
+            self.msgs_sent - o.msgs_sent,
+            self.msgs_recv - o.msgs_recv,
+            self.seconds - o.seconds,
+        )
+
+
+@dataclass
+class Traffic:
+    """Per-phase counters of one rank.  ``traffic[phase]`` -> PhaseCounters."""
+
+    phases: dict[str, PhaseCounters] = field(default_factory=dict)
+
+    def __getitem__(self, phase: str) -> PhaseCounters:
+        return self.phases.setdefault(phase, PhaseCounters())
+
+    def total(self) -> PhaseCounters:
+        t = PhaseCounters()
+        for c in self.phases.values():
+            t = t + c
+        return t
+
+    def copy(self) -> "Traffic":
+        return Traffic({k: PhaseCounters(**vars(v)) for k, v in self.phases.items()})
+
+    def since(self, earlier: "Traffic") -> "Traffic":
+        out = Traffic()
+        for k, v in self.phases.items():
+            d = v - earlier.phases.get(k, PhaseCounters())
+            if d != PhaseCounters():
+                out.phases[k] = d
+        return out
+
+    def by_kind(self) -> dict[str, float]:
+        """Seconds grouped by phase kind: the part of the name before ':'."""
+        out: dict[str, float] = {}
+        for k, v in self.phases.items():
+            kind = k.split(":", 1)[0]
+            out[kind] = out.get(kind, 0.0) + v.seconds
+        return out
+
+    def as_dict(self) -> dict:
+        return {k: vars(v).copy() for k, v in self.phases.items()}
+
+
+def _nbytes(buf) -> int:
+    return int(buf.nbytes)
+
+
+class Communicator(abc.ABC):
+    """Abstract communicator.  Arrays are flat and contiguous.
+
+    Subclasses implement the ``_`` primitives; the public methods add
+    accounting.  All ranks must call collectives in the same order.
+    """
+
+    def __init__(self, rank: int, size: int):
+        self.rank = rank
+        self.size = size
+        self.traffic = Traffic()
+        self._phase = "other"
+
+    # -- accounting -----------------------------------------------------
+    @contextlib.contextmanager
+    def phase(self, name: str):
+        """Attribute traffic and time inside the block to ``name``.
+
+        Names are ``kind`` or ``kind:detail`` where kind is ``select``,
+        ``comm``, ``reduce`` or ``control``.
+        """
+        prev, self._phase = self._phase, name
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.traffic[name].seconds += time.perf_counter() - t0
+            self._phase = prev
+
+    def _count(self, sent: int, recv: int, msent: int, mrecv: int) -> None:
+        c = self.traffic[self._phase]
+        c.bytes_sent += sent
+        c.bytes_recv += recv
+        c.msgs_sent += msent
+        c.msgs_recv += mrecv
+
+    # -- point to point -------------------------------------------------
+    def send(self, buf, dest: int, tag: int = 0) -> None:
+        self._send(buf, dest, tag)
+        self._count(_nbytes(buf), 0, 1, 0)
+
+    def recv(self, buf, source: int, tag: int = 0) -> None:
+        self._recv(buf, source, tag)
+        self._count(0, _nbytes(buf), 0, 1)
+
+    def sendrecv(self, sendbuf, dest: int, recvbuf, source: int, tag: int = 0) -> None:
+        self._sendrecv(sendbuf, dest, recvbuf, source, tag)
+        s, r = _nbytes(sendbuf), _nbytes(recvbuf)
+        self._count(s, r, int(s > 0), int(r > 0))
+
+    def isend(self, buf, dest: int, tag: int = 0):
+        self._count(_nbytes(buf), 0, 1, 0)
+        return self._isend(buf, dest, tag)
+
+    def irecv(self, buf, source: int, tag: int = 0):
+        self._count(0, _nbytes(buf), 0, 1)
+        return self._irecv(buf, source, tag)
+
+    def waitall(self, requests) -> None:
+        self._waitall(list(requests))
+
+    # -- collectives ----------------------------------------------------
+    def allgather(self, sendbuf):
+        """Gather equal-sized blocks: returns array of shape (P, *sendbuf.shape)."""
+        out = self._allgather(sendbuf)
+        b = _nbytes(sendbuf)
+        self._count(b * (self.size - 1), b * (self.size - 1), self.size - 1, self.size - 1)
+        return out
+
+    def allgatherv(self, sendbuf, counts=None):
+        """Gather blocks of varying length; returns (concatenation, counts).
+
+        ``counts`` (host ints, one per rank) may be given when every rank
+        already knows them; otherwise they are exchanged first (control).
+        """
+        if counts is None:
+            counts = self.allgather_ints([sendbuf.size])[:, 0]
+        counts = np.asarray(counts, dtype=np.int64)
+        out = self._allgatherv(sendbuf, counts)
+        item = sendbuf.dtype.itemsize
+        sent = _nbytes(sendbuf) * (self.size - 1)
+        recv = int(counts.sum() - counts[self.rank]) * item
+        others = int(np.count_nonzero(counts)) - int(counts[self.rank] > 0)
+        self._count(sent, recv, (self.size - 1) if sendbuf.size else 0, others)
+        return out, counts
+
+    def alltoallv(self, sendbufs, recvcounts=None):
+        """Send ``sendbufs[j]`` to rank j; returns the list of received arrays.
+
+        All send buffers share one dtype.  ``recvcounts`` (host ints) may be
+        given when known; otherwise counts are exchanged first (control).
+        """
+        if len(sendbufs) != self.size:
+            raise ValueError("alltoallv needs one send buffer per rank")
+        sendcounts = np.array([b.size for b in sendbufs], dtype=np.int64)
+        if recvcounts is None:
+            recvcounts = self.alltoall_ints(sendcounts)
+        recvcounts = np.asarray(recvcounts, dtype=np.int64)
+        out = self._alltoallv(sendbufs, sendcounts, recvcounts)
+        item = sendbufs[0].dtype.itemsize if sendbufs else 0
+        me = self.rank
+        s = int(sendcounts.sum() - sendcounts[me]) * item
+        r = int(recvcounts.sum() - recvcounts[me]) * item
+        ms = int(np.count_nonzero(sendcounts)) - int(sendcounts[me] > 0)
+        mr = int(np.count_nonzero(recvcounts)) - int(recvcounts[me] > 0)
+        self._count(s, r, ms, mr)
+        return out
+
+    def allreduce(self, buf, op: str = "sum"):
+        """Native allreduce (the vendor's MPI_Allreduce / ncclAllReduce)."""
+        out = self._allreduce(buf, op)
+        p = self.size
+        b = -(-2 * _nbytes(buf) * (p - 1) // p) if p > 1 else 0  # ceil
+        self._count(b, b, 2 * (p - 1) if p > 1 else 0, 2 * (p - 1) if p > 1 else 0)
+        return out
+
+    def bcast(self, buf, root: int = 0):
+        """Broadcast ``buf`` from ``root`` in place (binomial-tree accounting)."""
+        self._bcast(buf, root)
+        p, rel = self.size, (self.rank - root) % self.size
+        low = rel & -rel if rel else 1 << max(p - 1, 1).bit_length()
+        children = sum(1 for j in range(max(p, 2).bit_length()) if (1 << j) < low and rel + (1 << j) < p)
+        b = _nbytes(buf)
+        self._count(b * children, b if rel else 0, children, int(rel > 0))
+        return buf
+
+    # small control-plane helpers (counts, flags); counted like the rest
+    def allgather_ints(self, values) -> np.ndarray:
+        a = np.ascontiguousarray(np.asarray(values, dtype=np.int64))
+        return self.allgather(a)
+
+    def alltoall_ints(self, values) -> np.ndarray:
+        a = np.ascontiguousarray(np.asarray(values, dtype=np.int64))
+        out = self._alltoall(a)
+        self._count(8 * (self.size - 1), 8 * (self.size - 1), self.size - 1, self.size - 1)
+        return out
+
+    def bcast_obj(self, obj, root: int = 0):
+        """Broadcast a small picklable control object (never loaded from disk)."""
+        return self._bcast_obj(obj, root)
+
+    def barrier(self) -> None:
+        self._barrier()
+
+    def split(self, color: int, key: int = 0) -> "Communicator":
+        return self._split(color, key)
+
+    # -- backend primitives -----------------------------------------------
+    @abc.abstractmethod
+    def _send(self, buf, dest, tag): ...
+    @abc.abstractmethod
+    def _recv(self, buf, source, tag): ...
+    @abc.abstractmethod
+    def _sendrecv(self, sendbuf, dest, recvbuf, source, tag): ...
+    @abc.abstractmethod
+    def _isend(self, buf, dest, tag): ...
+    @abc.abstractmethod
+    def _irecv(self, buf, source, tag): ...
+    @abc.abstractmethod
+    def _waitall(self, requests): ...
+    @abc.abstractmethod
+    def _allgather(self, sendbuf): ...
+    @abc.abstractmethod
+    def _allgatherv(self, sendbuf, counts): ...
+    @abc.abstractmethod
+    def _alltoall(self, ints): ...
+    @abc.abstractmethod
+    def _alltoallv(self, sendbufs, sendcounts, recvcounts): ...
+    @abc.abstractmethod
+    def _allreduce(self, buf, op): ...
+    @abc.abstractmethod
+    def _bcast(self, buf, root): ...
+    @abc.abstractmethod
+    def _bcast_obj(self, obj, root): ...
+    @abc.abstractmethod
+    def _barrier(self): ...
+    @abc.abstractmethod
+    def _split(self, color, key): ...
+
+
+class MPICommunicator(Communicator):
+    """MPI backend over mpi4py, host (numpy) buffers.
+
+    Args:
+        comm: an ``mpi4py.MPI.Comm``; defaults to ``MPI.COMM_WORLD``.
+    """
+
+    def __init__(self, comm=None):
+        from mpi4py import MPI
+
+        self._MPI = MPI
+        self.comm = comm if comm is not None else MPI.COMM_WORLD
+        super().__init__(self.comm.Get_rank(), self.comm.Get_size())
+
+    def _send(self, buf, dest, tag):
+        self.comm.Send(buf, dest, tag)
+
+    def _recv(self, buf, source, tag):
+        self.comm.Recv(buf, source, tag)
+
+    def _sendrecv(self, sendbuf, dest, recvbuf, source, tag):
+        self.comm.Sendrecv(sendbuf, dest, tag, recvbuf, source, tag)
+
+    def _isend(self, buf, dest, tag):
+        return self.comm.Isend(buf, dest, tag)
+
+    def _irecv(self, buf, source, tag):
+        return self.comm.Irecv(buf, source, tag)
+
+    def _waitall(self, requests):
+        self._MPI.Request.Waitall(requests)
+
+    def _allgather(self, sendbuf):
+        out = np.empty((self.size,) + sendbuf.shape, dtype=sendbuf.dtype)
+        self.comm.Allgather(sendbuf, out)
+        return out
+
+    def _allgatherv(self, sendbuf, counts):
+        displs = np.zeros_like(counts)
+        np.cumsum(counts[:-1], out=displs[1:])
+        out = np.empty(int(counts.sum()), dtype=sendbuf.dtype)
+        self.comm.Allgatherv(sendbuf, [out, counts, displs, self._mpitype(sendbuf)])
+        return out
+
+    def _alltoall(self, ints):
+        out = np.empty_like(ints)
+        self.comm.Alltoall(ints, out)
+        return out
+
+    def _alltoallv(self, sendbufs, sendcounts, recvcounts):
+        dtype = sendbufs[0].dtype
+        sbuf = np.concatenate(sendbufs) if len(sendbufs) > 1 else sendbufs[0]
+        sdis = np.zeros_like(sendcounts)
+        np.cumsum(sendcounts[:-1], out=sdis[1:])
+        rdis = np.zeros_like(recvcounts)
+        np.cumsum(recvcounts[:-1], out=rdis[1:])
+        rbuf = np.empty(int(recvcounts.sum()), dtype=dtype)
+        t = self._mpitype(rbuf)
+        self.comm.Alltoallv([sbuf, sendcounts, sdis, t], [rbuf, recvcounts, rdis, t])
+        return [rbuf[rdis[j]: rdis[j] + recvcounts[j]] for j in range(self.size)]
+
+    def _allreduce(self, buf, op):
+        ops = {"sum": self._MPI.SUM, "max": self._MPI.MAX, "min": self._MPI.MIN}
+        out = np.empty_like(buf)
+        self.comm.Allreduce(buf, out, ops[op])
+        return out
+
+    def _bcast(self, buf, root):
+        self.comm.Bcast(buf, root)
+
+    def _bcast_obj(self, obj, root):
+        return self.comm.bcast(obj, root)
+
+    def _barrier(self):
+        self.comm.Barrier()
+
+    def _split(self, color, key):
+        return MPICommunicator(self.comm.Split(color, key))
+
+    def _mpitype(self, arr):
+        from mpi4py.util.dtlib import from_numpy_dtype
+
+        return from_numpy_dtype(arr.dtype)

@@ -1,0 +1,35 @@
+"""Local computation: selection and sparse arithmetic on numpy or cupy arrays.
+
+Pure functions; the array module comes from the input.  No communication here.
+"""
+from ._select import (
+    cap_selection,
+    gaussian_select,
+    gaussian_threshold,
+    k_from_density,
+    kth_magnitude,
+    threshold_select,
+    topk_indices,
+    topk_select,
+)
+from ._sparse import coo_sum, region_bounds, scatter_add, split_by_bounds, to_dense
+from ._xp import array_module, index_dtype, is_device_array
+
+__all__ = [
+    "array_module",
+    "cap_selection",
+    "coo_sum",
+    "gaussian_select",
+    "gaussian_threshold",
+    "index_dtype",
+    "is_device_array",
+    "k_from_density",
+    "kth_magnitude",
+    "region_bounds",
+    "scatter_add",
+    "split_by_bounds",
+    "threshold_select",
+    "to_dense",
+    "topk_indices",
+    "topk_select",
+]

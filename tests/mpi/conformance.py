@@ -1,0 +1,232 @@
+"""The conformance suite, run under ``mpiexec -n P`` for every registered algorithm.
+
+Each case draws fresh random data (seeded from the wall clock and printed so a
+failure can be replayed with CONFORMANCE_SEED) and asserts DESIGN.md's
+invariants:
+  1. bitwise-identical output on all ranks;
+  2. dense algorithms equal the float64 sum within floating-point tolerance;
+  3. conservation under error feedback: over the iterations,
+     sum(outputs) + sum(residuals over ranks) == sum(inputs over ranks);
+  4. measured traffic per rank within the algorithm's bound;
+  6. bad input gives the same clear error on every rank.
+Run:  mpiexec -n 4 python -m tests.mpi.conformance [--quick] [--algorithms a,b]
+Exits non-zero (and aborts the MPI job) on the first failure.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import traceback
+import zlib
+
+import numpy as np
+from mpi4py import MPI
+
+import kernels
+from collectives import ALGORITHMS, MPICommunicator
+
+WORLD = MPI.COMM_WORLD
+RANK, P = WORLD.Get_rank(), WORLD.Get_size()
+EPS32 = float(np.finfo(np.float32).eps)
+
+
+class Failure(AssertionError):
+    pass
+
+
+def check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise Failure(msg)
+
+
+def all_ranks_agree(flag: bool) -> bool:
+    return bool(WORLD.allreduce(int(bool(flag)), op=MPI.MIN))
+
+
+# -- data -----------------------------------------------------------------------
+def draw(dist: str, n: int, rng: np.random.Generator, it: int = 0) -> np.ndarray:
+    """Fresh data of one distribution; differs per rank and per iteration."""
+    if dist == "gaussian":
+        x = rng.standard_normal(n)
+    elif dist == "heavy":  # Student-t, 1.5 degrees of freedom: gradient-like tails
+        x = rng.standard_t(1.5, n)
+    elif dist == "ties":  # few distinct magnitudes: many ties at the threshold
+        x = rng.integers(-3, 4, n).astype(np.float64)
+    elif dist == "hot":  # every rank's large values in one shared region
+        x = rng.standard_normal(n) * 1e-3
+        lo = n // 3
+        hi = max(lo + 1, lo + n // 10)
+        x[lo:hi] = rng.standard_normal(hi - lo) * 10.0
+    elif dist == "equal":  # all values equal (one random value per rank/iteration)
+        x = np.full(n, rng.uniform(-2, 2))
+    else:
+        raise ValueError(dist)
+    return np.ascontiguousarray(x, dtype=np.float32)
+
+
+def gather_sum64(x) -> np.ndarray:
+    out = np.empty(x.size, dtype=np.float64)
+    WORLD.Allreduce(np.ascontiguousarray(x, dtype=np.float64), out, op=MPI.SUM)
+    return out
+
+
+def bitwise_identical(out) -> bool:
+    h = zlib.crc32(np.ascontiguousarray(out).view(np.uint8))
+    hs = WORLD.allgather((h, out.size))
+    return all(v == hs[0] for v in hs)
+
+
+# -- cases ----------------------------------------------------------------------
+def run_case(name: str, n: int, dist: str, density: float, iters: int, rng) -> str:
+    comm = MPICommunicator(WORLD)
+    algo = ALGORITHMS[name](comm)
+    lossy = algo.lossy
+    k = kernels.k_from_density(n, density)
+    bound = type(algo).traffic_bound(n, P, k, 4)
+    cum_in = np.zeros(n, np.float64)
+    cum_abs = np.zeros(n, np.float64)
+    cum_out = np.zeros(n, np.float64)
+    for it in range(iters):
+        x = draw(dist, n, rng, it)
+        out = algo(x, name="t", density=density)
+        check(out.shape == (n,) and out.dtype == np.float32,
+              f"output shape/dtype {out.shape}/{out.dtype}")
+        check(bitwise_identical(out), "outputs differ across ranks")
+        t = algo.last_traffic.total()
+        check(t.bytes_sent <= bound and t.bytes_recv <= bound,
+              f"traffic sent={t.bytes_sent} recv={t.bytes_recv} above bound {bound} B "
+              f"(it {it}, by phase {algo.last_traffic.as_dict()})")
+        cum_in += x
+        cum_abs += np.abs(x)
+        cum_out += out
+        if not lossy:
+            ref = gather_sum64(x)
+            scale = gather_sum64(np.abs(x))
+            err = np.abs(out - ref)
+            tol = 4 * P * EPS32 * scale + 1e-30
+            check(bool((err <= tol).all()),
+                  f"dense result off the float64 sum: max err {err.max():.3g}, "
+                  f"tol at worst {tol[np.argmax(err - tol)]:.3g}")
+    inputs = gather_sum64(cum_in)
+    scale = gather_sum64(cum_abs)
+    if lossy:
+        residuals = gather_sum64(algo.state("t").residual)
+        lhs = cum_out + residuals
+        err = np.abs(lhs - inputs)
+        tol = 16 * iters * P * EPS32 * scale + 1e-30
+        bad = np.flatnonzero(err > tol)
+        check(bad.size == 0,
+              f"conservation broken at {bad.size} entries, e.g. index {bad[:3]}: "
+              f"outputs+residuals={lhs[bad[:3]]} inputs={inputs[bad[:3]]}")
+    return "ok"
+
+
+BAD_CASES = ("int-dtype", "int-dtype-one-rank", "non-contiguous", "nan-one-rank",
+             "inf", "shape-differs", "empty", "density-0", "density-gt-1")
+
+
+def bad_input(case: str, rng):
+    x = rng.standard_normal(64).astype(np.float32)
+    density = 0.1
+    last = P - 1
+    if case == "int-dtype":
+        x = x.astype(np.int32)
+    elif case == "int-dtype-one-rank":
+        x = x.astype(np.int64) if RANK == last else x
+    elif case == "non-contiguous":
+        x = rng.standard_normal(128).astype(np.float32)[::2]
+    elif case == "nan-one-rank":
+        if RANK == last:
+            x[5] = np.nan
+    elif case == "inf":
+        x[0] = np.inf
+    elif case == "shape-differs":
+        x = rng.standard_normal(65 if RANK == 0 else 64).astype(np.float32)
+        if P == 1:
+            return None
+    elif case == "empty":
+        x = x[:0]
+    elif case == "density-0":
+        density = 0.0
+    elif case == "density-gt-1":
+        density = 1.5
+    return x, density
+
+
+def run_bad(name: str, case: str, rng) -> str:
+    comm = MPICommunicator(WORLD)
+    algo = ALGORITHMS[name](comm)
+    if case.startswith("density") and not algo.lossy:
+        return "n/a"
+    got = bad_input(case, rng)
+    if got is None:
+        return "n/a"
+    x, density = got
+    t0 = time.perf_counter()
+    try:
+        algo(x, name="t", density=density)
+        kind, msg = "none", ""
+    except (TypeError, ValueError) as e:
+        kind, msg = type(e).__name__, str(e)
+    took = time.perf_counter() - t0
+    kinds = WORLD.allgather(kind)
+    check(all(kk == kinds[0] for kk in kinds) and kinds[0] != "none",
+          f"bad input {case!r}: errors per rank {kinds}")
+    check(len(msg) > 10, f"bad input {case!r}: unclear message {msg!r}")
+    check(took < 5.0, f"bad input {case!r}: took {took:.1f}s to fail")
+    return kinds[0]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="small sizes only")
+    ap.add_argument("--algorithms", default=",".join(ALGORITHMS))
+    ap.add_argument("--density", type=float, default=0.05)
+    args = ap.parse_args(argv)
+    seed = int(os.environ.get("CONFORMANCE_SEED", time.time_ns() % 2**32))
+    seed = WORLD.bcast(seed, 0)
+    rng = np.random.default_rng([seed, RANK])
+    names = [a for a in args.algorithms.split(",") if a]
+    sizes = [1, max(1, P - 1), 1001, 4096 + 7] + ([] if args.quick else [2**20])
+    dists = ["gaussian", "heavy", "ties", "hot", "equal"]
+    if RANK == 0:
+        print(f"conformance P={P} seed={seed} algorithms={names}", flush=True)
+    cases = 0
+    current = ""
+    try:
+        for name in names:
+            t0 = time.perf_counter()
+            for n in sizes:
+                for dist in dists:
+                    # 20 iterations of error feedback everywhere except the
+                    # largest size, which runs the Gaussian case for 20 and the
+                    # other distributions for 3 to bound the suite's time.
+                    iters = 20 if (n < 2**20 or dist == "gaussian") else 3
+                    for density in (args.density, 0.001):
+                        current = f"{name} n={n} dist={dist} density={density}"
+                        run_case(name, n, dist, density, iters, rng)
+                        cases += 1
+                        if not ALGORITHMS[name].lossy:
+                            break
+            for case in BAD_CASES:
+                current = f"{name} bad input {case}"
+                run_bad(name, case, rng)
+                cases += 1
+            if RANK == 0:
+                print(f"  {name:10s} ok  ({time.perf_counter() - t0:.1f}s)", flush=True)
+    except Exception:
+        sys.stdout.flush()
+        sys.stderr.write(f"[rank {RANK}] FAILED {current} (P={P}, seed={seed})\n"
+                         + traceback.format_exc())
+        sys.stderr.flush()
+        WORLD.Abort(1)
+        return 1
+    if RANK == 0:
+        print(f"conformance P={P}: {cases} cases passed", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

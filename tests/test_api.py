@@ -1,0 +1,51 @@
+"""The public surface: registry, CLI, allreduce on one process (P = 1)."""
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import autotune
+import collectives
+
+
+def test_registry_has_the_family():
+    for name in ("dense", "mpi", "topka", "topkdsa", "gtopk", "gaussiank"):
+        assert name in collectives.ALGORITHMS
+        assert collectives.ALGORITHMS[name].name == name
+
+
+def test_cli_help_and_version():
+    out = subprocess.run([sys.executable, "-m", "autotune.cli", "--version"],
+                         capture_output=True, text=True, check=True).stdout
+    assert out.startswith("autotune ")
+    out = subprocess.run([sys.executable, "-m", "autotune.cli", "--help"],
+                         capture_output=True, text=True, check=True).stdout
+    assert "bench" in out
+
+
+def test_allreduce_single_process_keeps_type_and_shape():
+    x = np.random.default_rng().standard_normal((3, 5)).astype(np.float32)
+    out = autotune.allreduce(x, algorithm="dense")
+    assert out.shape == x.shape and out.dtype == x.dtype
+    np.testing.assert_array_equal(out, x)
+    m = autotune.allreduce(x, algorithm="mpi", op="mean")
+    np.testing.assert_array_equal(m, x)
+
+
+def test_sparse_without_name_is_refused():
+    x = np.random.default_rng().standard_normal(100).astype(np.float32)
+    with pytest.raises(ValueError, match="name"):
+        autotune.allreduce(x, algorithm="topka", density=0.1)
+
+
+def test_unknown_algorithm():
+    with pytest.raises(ValueError, match="registered"):
+        autotune.allreduce(np.ones(4, np.float32), algorithm="nope")
+
+
+def test_torch_roundtrip():
+    torch = pytest.importorskip("torch")
+    t = torch.randn(4, 6)
+    out = autotune.allreduce(t, name="t", algorithm="topka", density=0.5)
+    assert isinstance(out, torch.Tensor) and out.shape == t.shape and out.dtype == t.dtype

@@ -1,0 +1,119 @@
+"""Kernels against brute-force references, on fresh random data (numpy path)."""
+import numpy as np
+import pytest
+
+import kernels
+
+RNG = np.random.default_rng()
+
+
+def data(dist, n):
+    if dist == "gaussian":
+        return RNG.standard_normal(n).astype(np.float32)
+    if dist == "heavy":
+        return RNG.standard_t(1.5, n).astype(np.float32)
+    if dist == "ties":
+        return RNG.integers(-3, 4, n).astype(np.float32)
+    if dist == "equal":
+        return np.full(n, RNG.uniform(-1, 1), np.float32)
+    raise ValueError(dist)
+
+
+DISTS = ["gaussian", "heavy", "ties", "equal"]
+
+
+@pytest.mark.parametrize("dist", DISTS)
+@pytest.mark.parametrize("n", [1, 2, 17, 1000, 65537])
+def test_topk_matches_sort(dist, n):
+    x = data(dist, n)
+    for k in sorted({1, max(1, n // 100), n // 2 or 1, n}):
+        idx = kernels.topk_indices(x, k)
+        assert idx.dtype == np.int32 and idx.size == k
+        assert np.all(np.diff(idx) > 0), "indices sorted and unique"
+        # the k-th largest magnitude from a full sort; the selected set must
+        # hold every strictly larger magnitude and be filled from the ties
+        kth = np.sort(np.abs(x))[::-1][k - 1]
+        sel = np.abs(x[idx])
+        assert sel.min() >= kth
+        assert np.count_nonzero(np.abs(x) > kth) <= k
+        assert kernels.kth_magnitude(x, k) == kth
+
+
+def test_topk_is_deterministic_and_prefers_low_indices_on_ties():
+    x = np.ones(10, np.float32)
+    assert kernels.topk_indices(x, 3).tolist() == [0, 1, 2]
+
+
+def test_threshold_select():
+    x = data("heavy", 10001)
+    t = float(np.quantile(np.abs(x), 0.99))
+    idx, vals = kernels.threshold_select(x, t)
+    ref = np.flatnonzero(np.abs(x) >= t)
+    assert idx.dtype == np.int32 and np.array_equal(idx, ref) and np.array_equal(vals, x[ref])
+
+
+@pytest.mark.parametrize("dist", DISTS)
+def test_gaussian_select_caps_at_k(dist):
+    x = data(dist, 50000)
+    k = 500
+    idx, vals, thr = kernels.gaussian_select(x, k, k / x.size)
+    assert 0 < idx.size <= k
+    assert np.array_equal(vals, x[idx])
+
+
+def test_gaussian_threshold_on_normal_data_selects_about_density():
+    x = RNG.standard_normal(1 << 20).astype(np.float32)
+    thr = kernels.gaussian_threshold(x, 0.01)
+    frac = np.mean(np.abs(x) >= thr)
+    assert 0.008 < frac < 0.012
+
+
+def test_coo_sum_matches_dense_sum():
+    n = 1000
+    sets = []
+    dense = np.zeros(n, np.float64)
+    for _ in range(5):
+        i = np.sort(RNG.choice(n, 100, replace=False)).astype(np.int32)
+        v = RNG.standard_normal(100).astype(np.float32)
+        sets.append((i, v))
+        np.add.at(dense, i, v)
+    ui, uv = kernels.coo_sum([s[0] for s in sets], [s[1] for s in sets])
+    assert np.all(np.diff(ui) > 0)
+    got = np.zeros(n, np.float64)
+    got[ui] = uv
+    np.testing.assert_allclose(got, dense, rtol=1e-5, atol=1e-5)
+
+
+def test_scatter_add_repeats_and_to_dense():
+    d = np.zeros(5, np.float32)
+    kernels.scatter_add(d, np.array([1, 1, 4], np.int32), np.array([1, 2, 3], np.float32))
+    assert d.tolist() == [0, 3, 0, 0, 3]
+    assert kernels.to_dense(np.array([0, 2], np.int32), np.array([5, 6], np.float32), 4).tolist() == [5, 0, 6, 0]
+
+
+@pytest.mark.parametrize("n,parts", [(10, 3), (2, 5), (1, 1), (1 << 20, 7)])
+def test_region_bounds_and_split(n, parts):
+    b = kernels.region_bounds(n, parts)
+    assert b[0] == 0 and b[-1] == n and len(b) == parts + 1
+    assert max(np.diff(b)) - min(np.diff(b)) <= 1
+    idx = np.sort(RNG.choice(n, min(n, 50), replace=False)).astype(np.int32)
+    offs = kernels.split_by_bounds(idx, b)
+    for j in range(parts):
+        part = idx[offs[j]:offs[j + 1]]
+        assert np.all((part >= b[j]) & (part < b[j + 1]))
+    assert offs[-1] == idx.size
+
+
+@pytest.mark.parametrize("d", [0.0, -0.1, 1.5, float("nan")])
+def test_bad_density(d):
+    with pytest.raises(ValueError):
+        kernels.k_from_density(100, d)
+
+
+def test_kernels_do_not_import_cupy_on_cpu():
+    import subprocess
+    import sys
+
+    code = "import sys, kernels, collectives, autotune; print('cupy' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
