@@ -11,7 +11,8 @@
 from ._base import ALGORITHMS, Algorithm, SparseAllreduce, SparseState, register, validate
 from ._comm import Communicator, MPICommunicator, PhaseCounters, Traffic
 from ._timing import timeit
-from ._dense import Dense, NativeMPI, rabenseifner
+from ._nccl import NCCLCommunicator
+from ._dense import Dense, NativeMPI, NativeNCCL, rabenseifner
 from ._topk import GaussianK, TopkA
 from ._tree import GTopk, TopkDSA
 
@@ -23,7 +24,9 @@ __all__ = [
     "GTopk",
     "GaussianK",
     "MPICommunicator",
+    "NCCLCommunicator",
     "NativeMPI",
+    "NativeNCCL",
     "PhaseCounters",
     "SparseAllreduce",
     "SparseState",

@@ -145,8 +145,16 @@ class Algorithm(abc.ABC):
 
     name: ClassVar[str]
     lossy: ClassVar[bool] = False
+    backends: ClassVar[tuple[str, ...]] = ("mpi", "nccl")
+
+    @classmethod
+    def supports(cls, comm: Communicator) -> bool:
+        return comm.backend in cls.backends
 
     def __init__(self, comm: Communicator, *, check_finite: bool = True):
+        if not self.supports(comm):
+            raise RuntimeError(f"algorithm {self.name!r} needs a {' or '.join(self.backends)} "
+                               f"communicator, got {comm.backend!r}")
         self.comm = comm
         self.check_finite = check_finite
         self.last_traffic = Traffic()

@@ -12,12 +12,18 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import ctypes
+import logging
+import os
+import sys
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
 __all__ = ["Communicator", "MPICommunicator", "Traffic", "PhaseCounters"]
+
+log = logging.getLogger("collectives")
 
 
 @dataclass
@@ -96,11 +102,16 @@ class Communicator(abc.ABC):
     accounting.  All ranks must call collectives in the same order.
     """
 
+    backend: str = "abstract"
+
     def __init__(self, rank: int, size: int):
         self.rank = rank
         self.size = size
         self.traffic = Traffic()
         self._phase = "other"
+        # When True, each phase ends with a device synchronize so that its
+        # seconds include the asynchronous GPU work it launched (benchmarks).
+        self.sync_phases = False
 
     # -- accounting -----------------------------------------------------
     @contextlib.contextmanager
@@ -115,6 +126,8 @@ class Communicator(abc.ABC):
         try:
             yield
         finally:
+            if self.sync_phases:
+                self._sync()
             self.traffic[name].seconds += time.perf_counter() - t0
             self._phase = prev
 
@@ -236,6 +249,25 @@ class Communicator(abc.ABC):
     def split(self, color: int, key: int = 0) -> "Communicator":
         return self._split(color, key)
 
+    def idle_barrier(self, poll_s: float = 1e-3) -> None:
+        """A barrier whose waiting ranks sleep instead of spinning.
+
+        For ranks that sit out a measurement on a sub-communicator: on an
+        oversubscribed host a spinning barrier would steal the cores being
+        measured.  Backends without a nonblocking barrier spin.
+        """
+        self._barrier()
+
+    def library_version(self) -> str | None:
+        """The communication library and its version (for machine fingerprints)."""
+        return None
+
+    def _sync(self) -> None:
+        """Wait for device work queued by this rank (no-op on the host)."""
+        cp = sys.modules.get("cupy")
+        if cp is not None:
+            cp.cuda.get_current_stream().synchronize()
+
     # -- backend primitives -----------------------------------------------
     @abc.abstractmethod
     def _send(self, buf, dest, tag): ...
@@ -269,12 +301,35 @@ class Communicator(abc.ABC):
     def _split(self, color, key): ...
 
 
+def _mpi_cuda_aware() -> bool:
+    """Whether the loaded MPI accepts device pointers (Open MPI's MPIX query).
+
+    AUTOTUNE_MPI_CUDA_AWARE=0/1 overrides the detection.
+    """
+    env = os.environ.get("AUTOTUNE_MPI_CUDA_AWARE")
+    if env is not None:
+        return env.strip() not in ("0", "false", "no", "")
+    try:
+        fn = ctypes.CDLL(None).MPIX_Query_cuda_support
+    except (AttributeError, OSError):
+        return False
+    fn.restype = ctypes.c_int
+    return bool(fn())
+
+
 class MPICommunicator(Communicator):
-    """MPI backend over mpi4py, host (numpy) buffers.
+    """MPI backend over mpi4py.
+
+    Host (numpy) buffers go straight to MPI.  Device (cupy) buffers go
+    directly too when MPI is CUDA-aware (after a stream synchronize, since MPI
+    does not know cupy's streams); otherwise they are staged through host
+    memory, reported once in the log and in ``staging``.
 
     Args:
         comm: an ``mpi4py.MPI.Comm``; defaults to ``MPI.COMM_WORLD``.
     """
+
+    backend = "mpi"
 
     def __init__(self, comm=None):
         from mpi4py import MPI
@@ -282,36 +337,90 @@ class MPICommunicator(Communicator):
         self._MPI = MPI
         self.comm = comm if comm is not None else MPI.COMM_WORLD
         super().__init__(self.comm.Get_rank(), self.comm.Get_size())
+        self.cuda_aware = _mpi_cuda_aware()
+        self.staging = False
+
+    # device buffers: direct (CUDA-aware) or staged through the host
+    def _tx(self, buf):
+        """A buffer MPI can read."""
+        if isinstance(buf, np.ndarray):
+            return buf
+        if self.cuda_aware:
+            sys.modules["cupy"].cuda.get_current_stream().synchronize()
+            return buf
+        self._note_staging()
+        return buf.get()
+
+    def _rx(self, buf):
+        """(buffer MPI can write, callback to run once the data is in)."""
+        if isinstance(buf, np.ndarray):
+            return buf, None
+        if self.cuda_aware:
+            sys.modules["cupy"].cuda.get_current_stream().synchronize()
+            return buf, None
+        self._note_staging()
+        tmp = np.empty(buf.shape, dtype=buf.dtype)
+        return tmp, lambda: buf.set(tmp)
+
+    def _like(self, ref, arr):
+        """Return ``arr`` (host) in the array module of ``ref``."""
+        if isinstance(ref, np.ndarray) or (self.cuda_aware and not isinstance(arr, np.ndarray)):
+            return arr
+        return sys.modules["cupy"].asarray(arr)
+
+    def _empty(self, ref, shape, dtype):
+        if isinstance(ref, np.ndarray) or not self.cuda_aware:
+            return np.empty(shape, dtype=dtype)
+        return sys.modules["cupy"].empty(shape, dtype=dtype)
+
+    def _note_staging(self):
+        if not self.staging:
+            self.staging = True
+            log.warning("MPI is not CUDA-aware: device buffers are staged through host memory")
 
     def _send(self, buf, dest, tag):
-        self.comm.Send(buf, dest, tag)
+        self.comm.Send(self._tx(buf), dest, tag)
 
     def _recv(self, buf, source, tag):
-        self.comm.Recv(buf, source, tag)
+        rb, done = self._rx(buf)
+        self.comm.Recv(rb, source, tag)
+        if done:
+            done()
 
     def _sendrecv(self, sendbuf, dest, recvbuf, source, tag):
-        self.comm.Sendrecv(sendbuf, dest, tag, recvbuf, source, tag)
+        rb, done = self._rx(recvbuf)
+        self.comm.Sendrecv(self._tx(sendbuf), dest, tag, rb, source, tag)
+        if done:
+            done()
 
     def _isend(self, buf, dest, tag):
-        return self.comm.Isend(buf, dest, tag)
+        return self.comm.Isend(self._tx(buf), dest, tag)
 
     def _irecv(self, buf, source, tag):
-        return self.comm.Irecv(buf, source, tag)
+        rb, done = self._rx(buf)
+        req = self.comm.Irecv(rb, source, tag)
+        return (req, done) if done else req
 
     def _waitall(self, requests):
-        self._MPI.Request.Waitall(requests)
+        reqs = [r[0] if isinstance(r, tuple) else r for r in requests]
+        self._MPI.Request.Waitall(reqs)
+        for r in requests:
+            if isinstance(r, tuple):
+                r[1]()
 
     def _allgather(self, sendbuf):
-        out = np.empty((self.size,) + sendbuf.shape, dtype=sendbuf.dtype)
-        self.comm.Allgather(sendbuf, out)
-        return out
+        sb = self._tx(sendbuf)
+        out = self._empty(sb, (self.size,) + sendbuf.shape, sendbuf.dtype)
+        self.comm.Allgather(sb, out)
+        return self._like(sendbuf, out)
 
     def _allgatherv(self, sendbuf, counts):
+        sb = self._tx(sendbuf)
         displs = np.zeros_like(counts)
         np.cumsum(counts[:-1], out=displs[1:])
-        out = np.empty(int(counts.sum()), dtype=sendbuf.dtype)
-        self.comm.Allgatherv(sendbuf, [out, counts, displs, self._mpitype(sendbuf)])
-        return out
+        out = self._empty(sb, int(counts.sum()), sendbuf.dtype)
+        self.comm.Allgatherv(sb, [out, counts, displs, self._mpitype(sendbuf)])
+        return self._like(sendbuf, out)
 
     def _alltoall(self, ints):
         out = np.empty_like(ints)
@@ -319,25 +428,33 @@ class MPICommunicator(Communicator):
         return out
 
     def _alltoallv(self, sendbufs, sendcounts, recvcounts):
-        dtype = sendbufs[0].dtype
-        sbuf = np.concatenate(sendbufs) if len(sendbufs) > 1 else sendbufs[0]
+        ref = sendbufs[0]
+        xp = np if isinstance(ref, np.ndarray) else sys.modules["cupy"]
+        sbuf = self._tx(xp.concatenate(sendbufs) if len(sendbufs) > 1 else ref)
         sdis = np.zeros_like(sendcounts)
         np.cumsum(sendcounts[:-1], out=sdis[1:])
         rdis = np.zeros_like(recvcounts)
         np.cumsum(recvcounts[:-1], out=rdis[1:])
-        rbuf = np.empty(int(recvcounts.sum()), dtype=dtype)
-        t = self._mpitype(rbuf)
+        rbuf = self._empty(sbuf, int(recvcounts.sum()), ref.dtype)
+        t = self._mpitype(ref)
         self.comm.Alltoallv([sbuf, sendcounts, sdis, t], [rbuf, recvcounts, rdis, t])
+        rbuf = self._like(ref, rbuf)
         return [rbuf[rdis[j]: rdis[j] + recvcounts[j]] for j in range(self.size)]
 
     def _allreduce(self, buf, op):
         ops = {"sum": self._MPI.SUM, "max": self._MPI.MAX, "min": self._MPI.MIN}
-        out = np.empty_like(buf)
-        self.comm.Allreduce(buf, out, ops[op])
-        return out
+        sb = self._tx(buf)
+        out = self._empty(sb, buf.shape, buf.dtype)
+        self.comm.Allreduce(sb, out, ops[op])
+        return self._like(buf, out)
 
     def _bcast(self, buf, root):
-        self.comm.Bcast(buf, root)
+        rb, done = self._rx(buf)
+        if rb is not buf and self.rank == root:
+            rb[...] = buf.get()
+        self.comm.Bcast(rb, root)
+        if done:
+            done()
 
     def _bcast_obj(self, obj, root):
         return self.comm.bcast(obj, root)
@@ -348,7 +465,16 @@ class MPICommunicator(Communicator):
     def _split(self, color, key):
         return MPICommunicator(self.comm.Split(color, key))
 
+    def idle_barrier(self, poll_s: float = 1e-3) -> None:
+        req = self.comm.Ibarrier()
+        while not req.Test():
+            time.sleep(poll_s)
+
+    def library_version(self) -> str | None:
+        first = self._MPI.Get_library_version().strip().splitlines()[0]
+        return " ".join(first.split(",")[0].split())
+
     def _mpitype(self, arr):
         from mpi4py.util.dtlib import from_numpy_dtype
 
-        return from_numpy_dtype(arr.dtype)
+        return from_numpy_dtype(np.dtype(arr.dtype))

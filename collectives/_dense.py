@@ -112,14 +112,36 @@ class Dense(Algorithm):
 
 @register
 class NativeMPI(Algorithm):
-    """The vendor's MPI_Allreduce: the baseline users would otherwise call."""
+    """The vendor's MPI_Allreduce: the baseline CPU users would otherwise call.
+
+    On an NCCL communicator this still goes through MPI (device buffers
+    directly if MPI is CUDA-aware, else staged through the host).
+    """
 
     name = "mpi"
 
     def _call(self, x, *, name, density, **kw):
+        comm = getattr(self.comm, "mpi", self.comm)
         with self.comm.phase("comm:allreduce"):
-            return self.comm.allreduce(x, "sum")
+            before = comm.traffic.copy()
+            out = comm.allreduce(x, "sum")
+            if comm is not self.comm:  # account it on the communicator the caller reads
+                moved = comm.traffic.since(before).total()
+                self.comm._count(moved.bytes_sent, moved.bytes_recv, moved.msgs_sent, moved.msgs_recv)
+            return out
 
     @staticmethod
     def traffic_bound(n, P, k, itemsize=4):
         return -(-2 * n * itemsize * (P - 1) // P) if P > 1 else 0
+
+
+@register
+class NativeNCCL(NativeMPI):
+    """ncclAllReduce: the baseline GPU users would otherwise call (NCCL backend only)."""
+
+    name = "nccl"
+    backends = ("nccl",)
+
+    def _call(self, x, *, name, density, **kw):
+        with self.comm.phase("comm:allreduce"):
+            return self.comm.allreduce(x, "sum")

@@ -13,5 +13,7 @@ from collectives import ALGORITHMS
 def test_conformance(mpirun, nprocs):
     out = mpirun(nprocs, "tests.mpi.conformance", timeout=900)
     assert f"conformance P={nprocs}:" in out and "cases passed" in out
-    for name in ALGORITHMS:
+    for name, cls in ALGORITHMS.items():
+        if "mpi" not in cls.backends:
+            continue
         assert f"  {name} " in out or f"  {name:10s} ok" in out

@@ -10,6 +10,9 @@ invariants:
   4. measured traffic per rank within the algorithm's bound;
   6. bad input gives the same clear error on every rank.
 Run:  mpiexec -n 4 python -m tests.mpi.conformance [--quick] [--algorithms a,b]
+          [--backend mpi|nccl] [--array numpy|cupy|torch]
+(--array cupy/torch put the data on the GPU; torch goes through autotune.allreduce
+and DLPack, so it also checks that the output comes back as a torch CUDA tensor.)
 Exits non-zero (and aborts the MPI job) on the first failure.
 """
 from __future__ import annotations
@@ -78,10 +81,88 @@ def bitwise_identical(out) -> bool:
     return all(v == hs[0] for v in hs)
 
 
+# -- how the algorithm is reached ------------------------------------------------
+OPTS = {"backend": "mpi", "array": "numpy"}
+_COMM = {}
+_CASE = [0]
+
+
+def communicator():
+    key = OPTS["backend"]
+    if key not in _COMM:
+        if key == "nccl":
+            from collectives import NCCLCommunicator
+
+            _COMM[key] = NCCLCommunicator(MPICommunicator(WORLD))
+        else:
+            _COMM[key] = MPICommunicator(WORLD)
+    return _COMM[key]
+
+
+def to_host(a) -> np.ndarray:
+    if isinstance(a, np.ndarray):
+        return a
+    if type(a).__module__.startswith("torch"):
+        check(a.is_cuda, "torch output left the GPU")
+        a = a.cpu().numpy()
+        return a
+    return a.get()
+
+
+class Caller:
+    """Calls one algorithm on the configured backend and array type."""
+
+    def __init__(self, name: str):
+        self.algo = ALGORITHMS[name](communicator())
+        self.name = name
+        _CASE[0] += 1
+        self.tensor = f"t{_CASE[0]}"
+        if OPTS["array"] == "torch":
+            import autotune
+
+            autotune.init(communicator())
+
+    @staticmethod
+    def _device(x: np.ndarray, asarray):
+        """The same values on the device, keeping non-contiguity (a strided view)."""
+        if x.flags.c_contiguous:
+            return asarray(x)
+        return asarray(np.repeat(x, 2))[::2]
+
+    def __call__(self, x: np.ndarray, density):
+        mode = OPTS["array"]
+        if mode == "numpy":
+            return self.algo(x, name=self.tensor, density=density)
+        if mode == "cupy":
+            import cupy
+
+            out = self.algo(self._device(x, cupy.asarray), name=self.tensor, density=density)
+            check(type(out).__module__.startswith("cupy"), "cupy input, non-cupy output")
+            return to_host(out)
+        import torch
+        import autotune
+
+        t = self._device(x, lambda a: torch.as_tensor(a, device="cuda"))
+        out = autotune.allreduce(t, name=self.tensor, algorithm=self.name, density=density)
+        check(isinstance(out, torch.Tensor) and out.device == t.device, "torch output type/device")
+        return to_host(out)
+
+    @property
+    def impl(self):
+        if OPTS["array"] == "torch":
+            import autotune
+
+            return autotune.algorithm_instance(self.name)
+        return self.algo
+
+    def residual(self):
+        return to_host(self.impl.state(self.tensor).residual)
+
+
 # -- cases ----------------------------------------------------------------------
 def run_case(name: str, n: int, dist: str, density: float, iters: int, rng) -> str:
-    comm = MPICommunicator(WORLD)
-    algo = ALGORITHMS[name](comm)
+    call = Caller(name)
+    algo = call.algo
     lossy = algo.lossy
     k = kernels.k_from_density(n, density)
     bound = type(algo).traffic_bound(n, P, k, 4)
@@ -90,14 +171,14 @@ def run_case(name: str, n: int, dist: str, density: float, iters: int, rng) -> s
     cum_out = np.zeros(n, np.float64)
     for it in range(iters):
         x = draw(dist, n, rng, it)
-        out = algo(x, name="t", density=density)
+        out = call(x, density)
         check(out.shape == (n,) and out.dtype == np.float32,
               f"output shape/dtype {out.shape}/{out.dtype}")
         check(bitwise_identical(out), "outputs differ across ranks")
-        t = algo.last_traffic.total()
+        t = call.impl.last_traffic.total()
         check(t.bytes_sent <= bound and t.bytes_recv <= bound,
               f"traffic sent={t.bytes_sent} recv={t.bytes_recv} above bound {bound} B "
-              f"(it {it}, by phase {algo.last_traffic.as_dict()})")
+              f"(it {it}, by phase {call.impl.last_traffic.as_dict()})")
         cum_in += x
         cum_abs += np.abs(x)
         cum_out += out
@@ -112,7 +193,7 @@ def run_case(name: str, n: int, dist: str, density: float, iters: int, rng) -> s
     inputs = gather_sum64(cum_in)
     scale = gather_sum64(cum_abs)
     if lossy:
-        residuals = gather_sum64(algo.state("t").residual)
+        residuals = gather_sum64(call.residual())
         lhs = cum_out + residuals
         err = np.abs(lhs - inputs)
         tol = 16 * iters * P * EPS32 * scale + 1e-30
@@ -156,9 +237,8 @@ def bad_input(case: str, rng):
 
 
 def run_bad(name: str, case: str, rng) -> str:
-    comm = MPICommunicator(WORLD)
-    algo = ALGORITHMS[name](comm)
-    if case.startswith("density") and not algo.lossy:
+    call = Caller(name)
+    if case.startswith("density") and not call.algo.lossy:
         return "n/a"
     got = bad_input(case, rng)
     if got is None:
@@ -166,7 +246,7 @@ def run_bad(name: str, case: str, rng) -> str:
     x, density = got
     t0 = time.perf_counter()
     try:
-        algo(x, name="t", density=density)
+        call(x, density)
         kind, msg = "none", ""
     except (TypeError, ValueError) as e:
         kind, msg = type(e).__name__, str(e)
@@ -184,15 +264,19 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="small sizes only")
     ap.add_argument("--algorithms", default=",".join(ALGORITHMS))
     ap.add_argument("--density", type=float, default=0.05)
+    ap.add_argument("--backend", choices=["mpi", "nccl"], default="mpi")
+    ap.add_argument("--array", choices=["numpy", "cupy", "torch"], default="numpy")
     args = ap.parse_args(argv)
+    OPTS["backend"], OPTS["array"] = args.backend, args.array
     seed = int(os.environ.get("CONFORMANCE_SEED", time.time_ns() % 2**32))
     seed = WORLD.bcast(seed, 0)
     rng = np.random.default_rng([seed, RANK])
-    names = [a for a in args.algorithms.split(",") if a]
+    names = [a for a in args.algorithms.split(",") if a and ALGORITHMS[a].supports(communicator())]
     sizes = [1, max(1, P - 1), 1001, 4096 + 7] + ([] if args.quick else [2**20])
     dists = ["gaussian", "heavy", "ties", "hot", "equal"]
     if RANK == 0:
-        print(f"conformance P={P} seed={seed} algorithms={names}", flush=True)
+        print(f"conformance P={P} seed={seed} backend={args.backend} array={args.array} "
+              f"algorithms={names}", flush=True)
     cases = 0
     current = ""
     try:

@@ -1,0 +1,204 @@
+"""Alpha-beta cost model of every algorithm (the paper's Table 1, plus local compute).
+
+A ``Machine`` holds, per primitive, a latency ``alpha`` (s) and an inverse
+bandwidth ``beta`` (s/byte) fitted by the profiler with these shapes:
+
+    p2p        t = a + b m
+    allgather  t = a ceil(log2 P) + b m (P-1)           (m bytes per rank)
+    alltoall   t = a (P-1) + b m (P-1)                  (m bytes to each peer)
+    allreduce  t = 2a ceil(log2 P) + 2 b m (P-1)/P
+    bcast      t = a ceil(log2 P) + b m ceil(log2 P)
+
+and local compute costs t = c0 + c1 * elements for exact top-k selection,
+threshold selection and sparse reduction.  ``predict(algorithm, n, P,
+density)`` composes them into the algorithm's time per call.  The terms are
+deliberately simple; the learned selector corrects them with measurements.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+ITEM = 4  # bytes of a float32 value or an int32 index
+
+
+@dataclass(frozen=True)
+class Link:
+    alpha: float
+    beta: float
+
+
+@dataclass(frozen=True)
+class Linear:
+    c0: float
+    c1: float
+
+    def __call__(self, elems: float) -> float:
+        return self.c0 + self.c1 * max(elems, 0.0)
+
+
+@dataclass(frozen=True)
+class Machine:
+    """Fitted machine parameters (see module docstring)."""
+
+    p2p: Link
+    allgather: Link
+    alltoall: Link
+    allreduce: Link
+    bcast: Link
+    topk: Linear
+    threshold: Linear
+    reduce: Linear
+    label: str = ""
+    extras: dict = field(default_factory=dict, compare=False)
+
+    @classmethod
+    def from_profile(cls, prof: dict) -> "Machine":
+        """Build from a profile's ``primitives`` and ``compute`` sections.
+
+        Missing primitives fall back to the point-to-point link (documented
+        default: a collective no faster than its p2p decomposition).
+        """
+        prims = prof["primitives"]
+
+        def link(name, fallback=None):
+            p = prims.get(name)
+            if p is None:
+                if fallback is None:
+                    raise KeyError(f"profile has no {name!r} primitive")
+                return fallback
+            return Link(float(p["alpha_s"]), float(p["beta_s_per_byte"]))
+
+        p2p = link("p2p")
+        comp = prof["compute"]
+
+        def lin(name):
+            c = comp[name]
+            return Linear(float(c["c0_s"]), float(c["c1_s_per_elem"]))
+
+        fp = prof.get("fingerprint", {})
+        return cls(
+            p2p=p2p,
+            allgather=link("allgather", link("allgatherv", p2p)),
+            alltoall=link("alltoallv", link("alltoall", p2p)),
+            allreduce=link("allreduce", p2p),
+            bcast=link("bcast", p2p),
+            topk=lin("topk"),
+            threshold=lin("threshold"),
+            reduce=lin("reduce"),
+            label=f"{fp.get('device', '?')}/{fp.get('network', '?')}",
+        )
+
+    # primitive times -----------------------------------------------------------
+    def t_p2p(self, m: float) -> float:
+        return self.p2p.alpha + self.p2p.beta * m
+
+    def t_allgather(self, m: float, P: int) -> float:
+        return self.allgather.alpha * _lg(P) + self.allgather.beta * m * (P - 1)
+
+    def t_alltoall(self, m: float, P: int) -> float:
+        return self.alltoall.alpha * (P - 1) + self.alltoall.beta * m * (P - 1)
+
+    def t_allreduce(self, m: float, P: int) -> float:
+        return 2 * self.allreduce.alpha * _lg(P) + 2 * self.allreduce.beta * m * (P - 1) / P
+
+    def t_bcast(self, m: float, P: int) -> float:
+        return _lg(P) * (self.bcast.alpha + self.bcast.beta * m)
+
+
+def _lg(P: int) -> int:
+    return math.ceil(math.log2(P)) if P > 1 else 0
+
+
+def _k(n: int, density: float) -> int:
+    return min(n, max(1, int(round(density * n))))
+
+
+def _union(n: int, k: int, P: int) -> float:
+    """Expected size of the union of P local top-k sets (heuristic: partial overlap)."""
+    return min(float(n), k * math.sqrt(P))
+
+
+# -- per-algorithm terms -----------------------------------------------------------
+def _dense(M, n, P, d, tp):
+    if P == 1:
+        return 0.0
+    p2 = 1 << (P.bit_length() - 1)
+    lg = _lg(p2)
+    t = 2 * lg * M.p2p.alpha + 2 * (p2 - 1) / p2 * n * ITEM * M.p2p.beta
+    t += M.reduce(n * (p2 - 1) / p2)  # elementwise sums of the reduce-scatter
+    if P != p2:
+        t += 2 * M.t_p2p(n * ITEM) + M.reduce(n)
+    return t
+
+
+def _mpi(M, n, P, d, tp):
+    return M.t_allreduce(n * ITEM, P) if P > 1 else 0.0
+
+
+def _topka(M, n, P, d, tp):
+    k = _k(n, d)
+    return M.topk(n) + M.t_allgather(2 * k * ITEM, P) + M.reduce(k * P)
+
+
+def _gaussiank(M, n, P, d, tp):
+    k = _k(n, d)
+    # mean/std + up to a few counting passes + the final selection
+    return 4 * M.threshold(n) + M.t_allgather(2 * k * ITEM, P) + M.reduce(k * P)
+
+
+def _gtopk(M, n, P, d, tp):
+    k = _k(n, d)
+    lg = _lg(P)
+    merge = M.reduce(2 * k) + M.topk(2 * k)
+    return M.topk(n) + lg * (M.t_p2p(2 * k * ITEM) + merge) + M.t_bcast(2 * k * ITEM, P) + M.reduce(k)
+
+
+def _topkdsa(M, n, P, d, tp):
+    k = _k(n, d)
+    u = _union(n, k, P)
+    per_peer = min(2 * k / P, n / P) * ITEM
+    region = min(2 * u / P, n / P) * ITEM
+    return (M.topk(n) + M.t_alltoall(per_peer, P) + M.reduce(k)
+            + M.t_allgather(region, P) + M.reduce(u))
+
+
+def _oktopk(M, n, P, d, tp):
+    k = _k(n, d)
+    tp = max(1, int(tp))
+    select = (M.topk(n) + (tp - 1) * M.threshold(n)) / tp
+    split_reduce = (P - 1) * M.t_p2p(2 * k / P * ITEM) + M.reduce(k)
+    balance = M.t_p2p(2 * k / P * ITEM)  # repacking into equal blocks
+    gather = M.t_allgather(2 * k / P * ITEM, P) + M.reduce(k)
+    refresh = (M.t_allgather(8 * P, P)) / tp  # exact global threshold every tau'
+    return select + split_reduce + balance + gather + refresh
+
+
+def _topka2a(M, n, P, d, tp):
+    k = _k(n, d)
+    u = _union(n, k, P)
+    per_peer = min(2 * k / P, n / P) * ITEM
+    region = min(2 * u / P, n / P) * ITEM
+    return M.topk(n) + M.t_alltoall(per_peer, P) + M.reduce(k) + M.t_allgather(region, P) + M.reduce(u)
+
+
+TERMS = {
+    "dense": _dense,
+    "mpi": _mpi,
+    "topka": _topka,
+    "gaussiank": _gaussiank,
+    "gtopk": _gtopk,
+    "topkdsa": _topkdsa,
+    "oktopk": _oktopk,
+    "topka2a": _topka2a,
+}
+
+
+def predict(machine: Machine, algorithm: str, n: int, P: int, density: float = 0.01,
+            tau_prime: int = 32) -> float:
+    """Predicted seconds per call of ``algorithm`` on ``machine``."""
+    try:
+        term = TERMS[algorithm]
+    except KeyError:
+        raise ValueError(f"no cost model for algorithm {algorithm!r}; known: {sorted(TERMS)}") from None
+    return float(term(machine, int(n), int(P), float(density), tau_prime))

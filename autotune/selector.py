@@ -1,0 +1,119 @@
+"""The learned selector: which algorithm is fastest for (n, P, density) on a profiled machine.
+
+The cost model (autotune.costmodel) predicts every algorithm's time from the
+profile's fitted alpha/beta and compute costs.  A scikit-learn gradient-boosted
+model, trained on the profile's measured runs, learns the *correction*
+log(measured / predicted) per algorithm, so the prediction extrapolates in n
+and P through the model's terms rather than through the trees.  Outside the
+range of the training data the correction fades out (the decision says so)
+and the cost model decides.  Same profile in, same decisions out.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import costmodel
+
+LOSSY = {"topka", "gaussiank", "gtopk", "topkdsa", "oktopk", "topka2a"}
+
+
+@dataclass
+class Decision:
+    algorithm: str
+    n: int
+    P: int
+    density: float
+    predicted_s: dict[str, float]
+    model_s: dict[str, float]
+    in_domain: bool
+    note: str = ""
+    candidates: list[str] = field(default_factory=list)
+
+    def explain(self) -> str:
+        lines = [f"n={self.n} P={self.P} density={self.density:g}"
+                 + ("" if self.in_domain else "  (outside the measured range: cost model leads)"),
+                 f"{'algorithm':12s} {'cost model':>12s} {'learned':>12s}"]
+        for a in sorted(self.predicted_s, key=self.predicted_s.get):
+            mark = "  <- chosen" if a == self.algorithm else ""
+            lines.append(f"{a:12s} {1e3 * self.model_s[a]:10.3f}ms {1e3 * self.predicted_s[a]:10.3f}ms{mark}")
+        if self.note:
+            lines.append(self.note)
+        return "\n".join(lines)
+
+
+def _features(algorithms, algo: str, n: int, P: int, density: float, model_s: float):
+    onehot = [1.0 if a == algo else 0.0 for a in algorithms]
+    return [math.log2(max(n, 1)), math.log2(max(P, 1)), math.log10(density),
+            math.log(max(model_s, 1e-9)), *onehot]
+
+
+class Selector:
+    """Choose an algorithm per (n, P, density) from a profile.
+
+    Args:
+        profile: the profile as a dict (autotune.profile.Profile.data or json).
+        algorithms: candidates (default: every algorithm with measured runs
+            and a cost model).
+        learn: train the correction (False: bare cost model, for comparison).
+        runs: override the training runs (e.g. to hold some out).
+    """
+
+    def __init__(self, profile: dict, *, algorithms=None, learn: bool = True, runs=None,
+                 random_state: int = 0):
+        self.machine = costmodel.Machine.from_profile(profile)
+        runs = list(profile.get("runs", []) if runs is None else runs)
+        measured = sorted({r["algorithm"] for r in runs})
+        pool = algorithms or measured or sorted(costmodel.TERMS)
+        self.algorithms = [a for a in pool if a in costmodel.TERMS]
+        self.model = None
+        self.domain = None
+        runs = [r for r in runs if r["algorithm"] in self.algorithms and r.get("median_s", 0) > 0]
+        if learn and len(runs) >= 8:
+            from sklearn.ensemble import GradientBoostingRegressor
+
+            X, y = [], []
+            for r in runs:
+                m = self._model(r["algorithm"], r["n"], r["P"], r["density"])
+                X.append(_features(self.algorithms, r["algorithm"], r["n"], r["P"], r["density"], m))
+                y.append(math.log(r["median_s"] / m))
+            X = np.asarray(X)
+            self.model = GradientBoostingRegressor(
+                n_estimators=300, max_depth=3, learning_rate=0.05, subsample=1.0,
+                random_state=random_state).fit(X, np.asarray(y))
+            self.domain = (X[:, :3].min(axis=0), X[:, :3].max(axis=0))
+
+    def _model(self, algo, n, P, density):
+        return max(costmodel.predict(self.machine, algo, n, P, density), 1e-9)
+
+    def _outside(self, n, P, density) -> float:
+        """How far (in log2 units of n and P, decades of density) the point lies outside."""
+        if self.domain is None:
+            return math.inf
+        q = np.array([math.log2(max(n, 1)), math.log2(max(P, 1)), math.log10(density)])
+        lo, hi = self.domain
+        return float(np.sum(np.maximum(lo - q, 0) + np.maximum(q - hi, 0)))
+
+    def predict(self, algo: str, n: int, P: int, density: float) -> tuple[float, float]:
+        """(learned prediction, bare cost-model prediction) in seconds."""
+        m = self._model(algo, n, P, density)
+        if self.model is None:
+            return m, m
+        corr = float(self.model.predict(np.asarray([_features(self.algorithms, algo, n, P, density, m)]))[0])
+        fade = math.exp(-self._outside(n, P, density))  # 1 inside the data, -> 0 far outside
+        return m * math.exp(corr * fade), m
+
+    def choose(self, n: int, P: int, density: float = 0.01, *, lossy_ok: bool = True,
+               candidates=None) -> Decision:
+        cands = [a for a in (candidates or self.algorithms) if lossy_ok or a not in LOSSY]
+        if not cands:
+            raise ValueError("no candidate algorithm left to choose from")
+        pred, model = {}, {}
+        for a in cands:
+            pred[a], model[a] = self.predict(a, n, P, density)
+        best = min(cands, key=lambda a: (pred[a], a))
+        outside = self._outside(n, P, density)
+        note = "" if self.model is not None else "no learned correction: bare cost model"
+        return Decision(best, n, P, density, pred, model, outside == 0.0, note, cands)
