@@ -6,11 +6,11 @@
 """
 from importlib.metadata import PackageNotFoundError, version as _version
 
-from .dispatch import algorithm_instance, allreduce, init
+from .dispatch import algorithm_instance, allreduce, decisions, init
 
 try:
     __version__ = _version("autotune-collectives")
 except PackageNotFoundError:  # running from a source tree
     __version__ = "0.0.0+src"
 
-__all__ = ["__version__", "algorithm_instance", "allreduce", "init"]
+__all__ = ["__version__", "algorithm_instance", "allreduce", "decisions", "init"]

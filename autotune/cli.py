@@ -46,7 +46,52 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--repeat", type=int, default=10)
     b.add_argument("--warmup", type=int, default=3)
     b.add_argument("--out", help="write the raw rows as JSON")
+    b.add_argument("--backend", choices=["mpi", "nccl"], default="mpi",
+                   help="communicator: MPI, or NCCL between GPUs (data on the GPU)")
+    b.add_argument("--device", choices=["cpu", "gpu"], default="cpu",
+                   help="where the data lives (gpu with the MPI backend: staged or CUDA-aware)")
+
+    pr = sub.add_parser(
+        "profile", help="measure this machine (alpha/beta, algorithms, selection cost, xi) "
+                        "and write a profile",
+        description="Measure the machine under MPI and write one JSON profile (rank 0). "
+                    "Run as `mpiexec -n P autotune profile` or `autotune profile --np P`.")
+    pr.add_argument("--np", type=int, help="launch this many ranks with mpiexec")
+    pr.add_argument("--quick", action="store_true",
+                    help="fewer sizes, repeats and cases (about a minute on 4 ranks)")
+    pr.add_argument("--sizes", choices=["tiny", "quick", "full"],
+                    help="measurement plan (overrides --quick; 'tiny' is for tests)")
+    pr.add_argument("--device", choices=["cpu", "gpu"], default="cpu",
+                    help="where tensors live (gpu: cupy arrays)")
+    pr.add_argument("--network", metavar="LABEL",
+                    help="network label stored in the fingerprint, e.g. shm, tcp-1gbit, aries "
+                         "(default: shm on one host)")
+    pr.add_argument("--out", metavar="FILE", help="profile to write (default: "
+                                                  "profile-<network>-P<P>.json)")
+    pr.add_argument("--gradients", metavar="DIR",
+                    help="measure xi on gradient snapshots: *.npy files, each a (workers, n) "
+                         "float array of one step (default: a built-in training run)")
+    pr.add_argument("--max-bytes", metavar="SIZE", help="largest message in the alpha/beta sweep "
+                                                        "(e.g. 8M)")
+    pr.add_argument("--algorithms", default="", help="comma-separated (default: all registered)")
+    pr.add_argument("--seed", type=int, default=0)
+    pr.add_argument("--quiet", action="store_true", help="no progress bar or summary")
+
+    sh = sub.add_parser("show", help="print a readable summary of a profile")
+    sh.add_argument("file", metavar="FILE")
+    sh.add_argument("--strict", action="store_true",
+                    help="fail if the profile comes from another machine")
+
+    pl = sub.add_parser("plot", help="write PNGs of a profile's fits and algorithm times")
+    pl.add_argument("file", metavar="FILE")
+    pl.add_argument("--outdir", default=".", metavar="DIR")
     return p
+
+
+def _load_profile(path, strict: bool = False):
+    from .profile import Profile, local_fingerprint
+
+    return Profile.load(path, current=local_fingerprint(), strict=strict)
 
 
 def main(argv=None) -> int:
@@ -63,6 +108,37 @@ def main(argv=None) -> int:
         from . import bench
 
         return bench.main(args)
+    if args.command == "profile":
+        from . import profiler
+
+        return profiler.main(args)
+    if args.command in ("show", "plot"):
+        from .profile import ProfileError
+
+        try:
+            prof = _load_profile(args.file, strict=getattr(args, "strict", False))
+        except ProfileError as e:
+            print(f"autotune {args.command}: error: {e}", file=sys.stderr)
+            return 2
+        if prof.foreign:
+            print(f"autotune {args.command}: warning: {prof.path} is from another machine: "
+                  + "; ".join(prof.foreign), file=sys.stderr)
+        if args.command == "show":
+            from .report import show_text
+
+            print(show_text(prof))
+            return 0
+        try:
+            from .report import plot
+            import matplotlib  # noqa: F401
+        except ImportError:
+            print("autotune plot: error: matplotlib is not installed; install it with "
+                  "`pip install 'autotune-collectives[plot]'` (or `pip install matplotlib`)",
+                  file=sys.stderr)
+            return 2
+        for path in plot(prof, args.outdir):
+            print(f"wrote {path}")
+        return 0
     parser.error(f"unknown command {args.command}")
     return 2
 

@@ -163,7 +163,7 @@ def _topkdsa(M, n, P, d, tp):
             + M.t_allgather(region, P) + M.reduce(u))
 
 
-def _oktopk(M, n, P, d, tp):
+def _oktopk(M, n, P, d, tp, tau=64):
     k = _k(n, d)
     tp = max(1, int(tp))
     select = (M.topk(n) + (tp - 1) * M.threshold(n)) / tp
@@ -171,7 +171,8 @@ def _oktopk(M, n, P, d, tp):
     balance = M.t_p2p(2 * k / P * ITEM)  # repacking into equal blocks
     gather = M.t_allgather(2 * k / P * ITEM, P) + M.reduce(k)
     refresh = (M.t_allgather(8 * P, P)) / tp  # exact global threshold every tau'
-    return select + split_reduce + balance + gather + refresh
+    bounds = M.t_allgather(8 * P, P) / max(1, int(tau))  # region boundaries every tau
+    return select + split_reduce + balance + gather + refresh + bounds
 
 
 def _topka2a(M, n, P, d, tp):
@@ -195,10 +196,12 @@ TERMS = {
 
 
 def predict(machine: Machine, algorithm: str, n: int, P: int, density: float = 0.01,
-            tau_prime: int = 32) -> float:
+            tau_prime: int = 32, tau: int = 64) -> float:
     """Predicted seconds per call of ``algorithm`` on ``machine``."""
     try:
         term = TERMS[algorithm]
     except KeyError:
         raise ValueError(f"no cost model for algorithm {algorithm!r}; known: {sorted(TERMS)}") from None
+    if algorithm == "oktopk":
+        return float(_oktopk(machine, int(n), int(P), float(density), tau_prime, tau))
     return float(term(machine, int(n), int(P), float(density), tau_prime))

@@ -1,37 +1,75 @@
 """``allreduce(tensor)``: one call, every registered algorithm, one answer on every rank.
 
 The forced path (``algorithm="dense"``, ``"oktopk"``, ...) needs no profile.
-``algorithm="auto"`` asks the selector (autotune.selector) when a profile is
-loaded; until then, and always for tensors without a name, it uses the exact
-``dense`` algorithm: a tensor without a name is never given a lossy algorithm,
-because error feedback needs somewhere to keep its residual.
+``algorithm="auto"``:
+  * with a profile (``init(profile=...)`` or ``AUTOTUNE_PROFILE``), rank 0
+    asks the selector, broadcasts the decision, and every rank caches it per
+    (name, shape, dtype, P, device);
+  * without one, the documented default: ``dense`` (exact Rabenseifner).
+A tensor without a name is never given a lossy algorithm: error feedback
+needs a stable name to keep its residual under.
 """
 from __future__ import annotations
 
+import logging
+import os
+import time
+from dataclasses import dataclass
+
 import collectives
-from collectives import ALGORITHMS
+from collectives import ALGORITHMS, validate
 
 from ._convert import as_array
 
-_STATE: dict = {"comm": None, "algos": {}}
+log = logging.getLogger("autotune")
+
+DEFAULT_ALGORITHM = "dense"
+DEFAULT_DENSITY = 0.01
 
 
-def init(comm=None):
-    """Set up the communicator (MPI world by default).  Idempotent.
+@dataclass
+class Choice:
+    """A cached decision, with what was predicted and what was measured."""
+
+    algorithm: str
+    density: float | None
+    predicted_s: float | None = None
+    measured_s: float | None = None
+    calls: int = 0
+    explanation: str = ""
+
+
+_STATE: dict = {"comm": None, "algos": {}, "selector": None, "profile": None, "choices": {}}
+
+
+def init(comm=None, *, profile=None):
+    """Set up the communicator (MPI world by default) and, optionally, a profile.
 
     Args:
         comm: a ``collectives.Communicator`` or an ``mpi4py`` communicator.
+        profile: path to a profile JSON (or an autotune.profile.Profile) that
+            ``algorithm="auto"`` decides from; default ``$AUTOTUNE_PROFILE``.
+            Only rank 0's profile matters: it decides and broadcasts.
     Returns:
         the Communicator in use.
     """
-    if comm is None and _STATE["comm"] is not None:
+    if comm is None and _STATE["comm"] is not None and profile is None:
         return _STATE["comm"]
     if comm is None:
-        comm = collectives.MPICommunicator()
+        comm = _STATE["comm"] or collectives.MPICommunicator()
     elif not isinstance(comm, collectives.Communicator):
         comm = collectives.MPICommunicator(comm)
-    _STATE["comm"] = comm
-    _STATE["algos"] = {}
+    if comm is not _STATE["comm"]:
+        _STATE.update(comm=comm, algos={}, choices={})
+    profile = profile if profile is not None else os.environ.get("AUTOTUNE_PROFILE")
+    if profile is not None and comm.rank == 0:
+        from .profile import Profile
+        from .selector import Selector
+
+        prof = profile if isinstance(profile, Profile) else Profile.load(profile)
+        _STATE["profile"] = prof
+        _STATE["selector"] = Selector(prof.data)
+        _STATE["choices"] = {}
     return comm
 
 
@@ -45,6 +83,30 @@ def algorithm_instance(name: str):
             raise ValueError(f"unknown algorithm {name!r}; registered: {sorted(ALGORITHMS)}")
         algos[name] = ALGORITHMS[name](comm)
     return algos[name]
+
+
+def decisions() -> dict:
+    """The cached auto decisions: key -> Choice (predicted and measured time)."""
+    return dict(_STATE["choices"])
+
+
+def _decide(comm, key, n: int, name, density) -> Choice:
+    sel = _STATE["selector"]
+    if comm.rank == 0:
+        if sel is None:
+            choice = Choice(DEFAULT_ALGORITHM, None, explanation="no profile: default dense")
+        else:
+            runnable = [a for a in sel.algorithms if a in ALGORITHMS and ALGORITHMS[a].supports(comm)]
+            d = sel.choose(n, comm.size, density or DEFAULT_DENSITY, lossy_ok=name is not None,
+                           candidates=runnable)
+            lossy = ALGORITHMS[d.algorithm].lossy
+            choice = Choice(d.algorithm, (density or DEFAULT_DENSITY) if lossy else None,
+                            d.predicted_s[d.algorithm], explanation=d.explain())
+        msg = (choice.algorithm, choice.density, choice.predicted_s, choice.explanation)
+    else:
+        msg = None
+    algorithm, dens, pred, why = comm.bcast_obj(msg, 0)
+    return Choice(algorithm, dens, pred, explanation=why)
 
 
 def allreduce(tensor, *, name: str | None = None, algorithm: str = "auto",
@@ -73,10 +135,29 @@ def allreduce(tensor, *, name: str | None = None, algorithm: str = "auto",
     if op not in ("sum", "mean"):
         raise ValueError(f"op must be 'sum' or 'mean', got {op!r}")
     arr, adapter = as_array(tensor)
+    comm = init()
+    validated = False
+    choice = None
     if algorithm == "auto":
-        algorithm = "dense"
+        # validate first (collectively, name included), so that every rank
+        # reaches the decision broadcast below, or every rank raises
+        validate(comm, arr, density=density, tag=name or "")
+        validated = True
+        device = "gpu" if type(arr).__module__.startswith("cupy") else "cpu"
+        key = (name, tuple(arr.shape), str(arr.dtype), comm.size, device)
+        choice = _STATE["choices"].get(key)
+        if choice is None:
+            choice = _STATE["choices"][key] = _decide(comm, key, arr.size, name, density)
+            log.info("autotune: %s %s -> %s (predicted %s s)", name, arr.shape, choice.algorithm,
+                     choice.predicted_s)
+        algorithm, density = choice.algorithm, choice.density
     algo = algorithm_instance(algorithm)
-    out = algo(arr, name=name, density=density)
+    t0 = time.perf_counter()
+    out = algo(arr, name=name, density=density, validated=validated)
+    if choice is not None:
+        choice.calls += 1
+        dt = time.perf_counter() - t0
+        choice.measured_s = dt if choice.measured_s is None else 0.9 * choice.measured_s + 0.1 * dt
     if op == "mean":
         out /= algo.comm.size
     return adapter.back(out)

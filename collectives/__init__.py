@@ -15,6 +15,8 @@ from ._nccl import NCCLCommunicator
 from ._dense import Dense, NativeMPI, NativeNCCL, rabenseifner
 from ._topk import GaussianK, TopkA
 from ._tree import GTopk, TopkDSA
+from ._oktopk import OkTopk
+from ._topka2a import TopKA2A
 
 __all__ = [
     "ALGORITHMS",

@@ -45,12 +45,15 @@ _REASONS = {
 }
 
 
-def validate(comm: Communicator, x, *, density: float | None = None, check_finite: bool = True):
+def validate(comm: Communicator, x, *, density: float | None = None, check_finite: bool = True,
+             tag: str = ""):
     """Check ``x`` on every rank and agree on the verdict.
 
     One small allgather carries each rank's flags, size, dtype and shape hash,
     so every rank raises the same error (naming the offending ranks) instead
     of some ranks entering a collective the others never reach.
+
+    ``tag`` (e.g. the tensor's name) must also agree across ranks.
 
     Raises:
         TypeError: unsupported dtype on some rank.
@@ -70,7 +73,8 @@ def validate(comm: Communicator, x, *, density: float | None = None, check_finit
     if density is not None and not (0.0 < density <= 1.0):
         code |= _BAD_DENSITY
     shape_hash = zlib.crc32(repr(tuple(x.shape)).encode()) & 0x7FFFFFFF
-    mine = [code, int(x.size), zlib.crc32(dt.str.encode()) & 0x7FFFFFFF, shape_hash]
+    mine = [code, int(x.size), zlib.crc32(dt.str.encode()) & 0x7FFFFFFF, shape_hash,
+            zlib.crc32(tag.encode())]
     if comm.size > 1:
         with comm.phase("control:validate"):
             table = comm.allgather_ints(mine)
@@ -84,7 +88,7 @@ def validate(comm: Communicator, x, *, density: float | None = None, check_finit
                 exc = TypeError if kind == "TypeError" else ValueError
                 raise exc(f"allreduce: {why} on rank(s) {ranks}"
                           + (f" (dtype {dt})" if bit == _BAD_DTYPE and code & bit else ""))
-    for col, what in ((1, "size"), (2, "dtype"), (3, "shape")):
+    for col, what in ((1, "size"), (2, "dtype"), (3, "shape"), (4, "name")):
         if (table[:, col] != table[0, col]).any():
             raise ValueError(
                 f"allreduce: tensor {what} differs across ranks "
@@ -159,9 +163,11 @@ class Algorithm(abc.ABC):
         self.check_finite = check_finite
         self.last_traffic = Traffic()
 
-    def __call__(self, x, *, name: str | None = None, density: float | None = None, **kw):
-        validate(self.comm, x, density=density if self.lossy else None,
-                 check_finite=self.check_finite)
+    def __call__(self, x, *, name: str | None = None, density: float | None = None,
+                 validated: bool = False, **kw):
+        if not validated:  # the dispatcher validates once itself before deciding
+            validate(self.comm, x, density=density if self.lossy else None,
+                     check_finite=self.check_finite)
         x = x.reshape(-1)
         before = self.comm.traffic.copy()  # validation is not the algorithm's traffic
         out = self._call(x, name=name, density=density, **kw)

@@ -1,6 +1,10 @@
 """Local computation: selection and sparse arithmetic on numpy or cupy arrays.
 
 Pure functions; the array module comes from the input.  No communication here.
+On cupy float32 arrays the hot paths (threshold selection, its error-feedback
+form, exact top-k, COO sum, scatter-add) run hand-written CUDA from
+``kernels._cuda``, which is imported (and cupy with it) only when a cupy
+array arrives; results equal the numpy path's (same indices, equal values).
 """
 from ._select import (
     cap_selection,
@@ -8,7 +12,9 @@ from ._select import (
     gaussian_threshold,
     k_from_density,
     kth_magnitude,
+    sampled_threshold,
     threshold_select,
+    threshold_select_ef,
     topk_indices,
     topk_select,
 )
@@ -26,9 +32,11 @@ __all__ = [
     "k_from_density",
     "kth_magnitude",
     "region_bounds",
+    "sampled_threshold",
     "scatter_add",
     "split_by_bounds",
     "threshold_select",
+    "threshold_select_ef",
     "to_dense",
     "topk_indices",
     "topk_select",

@@ -3,6 +3,12 @@
 All functions take and return arrays of the input's array module.
 Indices are returned sorted ascending, as int32 (int64 when n >= 2**31), so
 that every consumer sees a canonical, deterministic COO layout.
+
+On cupy float32 input the work goes to hand-written CUDA (``_cuda``): a
+one-pass threshold selection (fused compare + ordered compaction), its
+error-feedback variant, and an exact top-k by radix select; every other
+input runs the generic array-module code below, which is also the
+reference the CUDA kernels are tested against (same indices, equal values).
 """
 from __future__ import annotations
 
@@ -11,7 +17,7 @@ import statistics
 
 import numpy as np
 
-from ._xp import array_module, index_dtype
+from ._xp import array_module, fast_float32, index_dtype, weak_threshold
 
 
 def k_from_density(n: int, density: float) -> int:
@@ -25,16 +31,30 @@ def k_from_density(n: int, density: float) -> int:
     return min(n, max(1, int(round(density * n))))
 
 
+def _check_k(k: int, n: int, lo: int = 0):
+    if not lo <= k <= n:
+        raise ValueError(f"k must be in [{lo}, {n}], got {k}")
+
+
 def topk_indices(x, k: int):
     """Indices (sorted, int32) of the ``k`` largest-magnitude entries of flat ``x``.
 
     Ties at the k-th magnitude are broken by position (lowest index wins) so
     the result is a pure function of ``x``.
     """
+    n = x.size
+    _check_k(k, n)
+    if 0 < k < n:
+        cu = fast_float32(x)
+        if cu is not None:
+            return cu.topk_select(cu.prepare(x), k)[0]
+    return _topk_indices_xp(x, k)
+
+
+def _topk_indices_xp(x, k: int):
+    """Generic (numpy or cupy) exact top-k: partition, then ties by position."""
     xp = array_module(x)
     n = x.size
-    if not 0 <= k <= n:
-        raise ValueError(f"k must be in [0, {n}], got {k}")
     itype = index_dtype(n)
     if k == 0:
         return xp.empty(0, dtype=itype)
@@ -52,24 +72,103 @@ def topk_indices(x, k: int):
 
 def kth_magnitude(x, k: int) -> float:
     """The exact k-th largest |x| (the top-k threshold); 1 <= k <= n."""
-    xp = array_module(x)
     n = x.size
-    if not 1 <= k <= n:
-        raise ValueError(f"k must be in [1, {n}], got {k}")
+    _check_k(k, n, lo=1)
+    cu = fast_float32(x)
+    if cu is not None:
+        return cu.kth_magnitude(cu.prepare(x), k)
+    xp = array_module(x)
     return float(xp.partition(xp.abs(x), n - k)[n - k])
 
 
-def threshold_select(x, threshold: float):
-    """COO of entries with ``|x| >= threshold``: (int32 indices sorted, values)."""
+def sampled_threshold(x, k: int, *, sample: int = 1 << 16) -> float:
+    """Estimate of the k-th largest |x| from a strided sample of ``sample`` entries.
+
+    The sample is x[(i * n) // s] for i < s = min(n, sample): fixed positions,
+    so every rank and both array modules get the same estimate for the same
+    data.  Its exact ks-th largest magnitude, ks = round(k s / n), estimates
+    the top-k threshold at the cost of reading s entries (the relative error
+    of the selected count is about 1/sqrt(ks)).  With s >= n it is exact.
+    """
+    n = x.size
+    _check_k(k, n, lo=1)
+    if sample < 1:
+        raise ValueError(f"sample must be >= 1, got {sample}")
+    s = min(n, int(sample))
+    if s == n:
+        return kth_magnitude(x, k)
     xp = array_module(x)
-    idx = xp.flatnonzero(xp.abs(x) >= threshold).astype(index_dtype(x.size), copy=False)
-    return idx, x[idx]
+    pos = (xp.arange(s, dtype=xp.int64) * n) // s
+    sub = x.reshape(-1)[pos]
+    ks = min(s, max(1, int(round(k * s / n))))
+    return kth_magnitude(sub, ks)
+
+
+def threshold_select(x, threshold: float):
+    """COO of entries with ``|x| >= threshold``: (int32 indices sorted, values).
+
+    The comparison is NumPy's: a Python float threshold is rounded to x's
+    dtype, a float64 scalar compares in float64.
+    """
+    cu = fast_float32(x)
+    if cu is not None:
+        return cu.threshold_select(cu.prepare(x), threshold)
+    xp = array_module(x)
+    idx = xp.flatnonzero(xp.abs(x) >= weak_threshold(x, threshold))
+    idx = idx.astype(index_dtype(x.size), copy=False)
+    return idx, x.reshape(-1)[idx]
+
+
+def threshold_select_ef(residual, x, threshold: float):
+    """Error-feedback threshold selection, in place on ``residual``.
+
+    Computes acc = residual + x into ``residual``, selects the entries with
+    |acc| >= threshold, zeroes them in ``residual`` and returns them as COO
+    (int32 indices sorted, values of acc).  Afterwards
+    ``residual + to_dense(idx, vals)`` equals the old ``residual + x``
+    exactly, which is the conservation invariant of error feedback.
+
+    On the GPU this is one fused pass (read residual and x, write residual
+    and the selection) instead of an add, a compare, a compaction and a
+    scatter.
+
+    Args:
+        residual: contiguous float array, updated in place.
+        x: array of residual's size and dtype.
+        threshold: as in :func:`threshold_select`.
+
+    Returns:
+        (indices, values)
+    """
+    if x.size != residual.size:
+        raise ValueError(f"residual has {residual.size} entries, x has {x.size}")
+    cu = fast_float32(residual)
+    if (cu is not None and x.dtype == residual.dtype and residual.flags.c_contiguous
+            and cu.aligned(residual) and type(x) is type(residual)):
+        return cu.threshold_select_ef(residual.reshape(-1), cu.prepare(x), threshold)
+    xp = array_module(residual)
+    residual += x.reshape(residual.shape)
+    idx = xp.flatnonzero(xp.abs(residual) >= weak_threshold(residual, threshold))
+    idx = idx.astype(index_dtype(residual.size), copy=False)
+    flat = residual.reshape(-1)
+    vals = flat[idx]
+    if residual.ndim == 1:
+        residual[idx] = 0
+    else:
+        xp.put(residual, idx, 0)
+    return idx, vals
 
 
 def topk_select(x, k: int):
     """COO of the exact top-k by magnitude: (indices sorted, values)."""
-    idx = topk_indices(x, k)
-    return idx, x[idx]
+    n = x.size
+    _check_k(k, n)
+    if 0 < k < n:
+        cu = fast_float32(x)
+        if cu is not None:
+            return cu.topk_select(cu.prepare(x), k)
+    idx = _topk_indices_xp(x, k)
+    return idx, x.reshape(-1)[idx]
 
 
 def cap_selection(idx, vals, k: int):
@@ -111,17 +210,27 @@ def gaussian_select(x, k: int, density: float, *, rounds: int = 3):
     """
     xp = array_module(x)
     thr = gaussian_threshold(x, density)
-    mag = xp.abs(x)
+    cu = fast_float32(x)
+    if cu is not None:
+        xf = cu.prepare(x)
+
+        def count(t):  # one read, no |x| temporary
+            return cu.count_at_least(xf, cu.threshold_key(t))
+    else:
+        mag = xp.abs(x)
+
+        def count(t):
+            return int(xp.count_nonzero(mag >= weak_threshold(x, t)))
     best, best_err = 0.0, math.inf  # threshold 0 (select all, then cap) if nothing better
     for _ in range(rounds + 1):
-        count = int(xp.count_nonzero(mag >= thr))
-        if count:
-            err = abs(math.log(count / k))
+        c = count(thr)
+        if c:
+            err = abs(math.log(c / k))
             if err < best_err:
                 best, best_err = thr, err
-        if count < 2 * k / 3:
+        if c < 2 * k / 3:
             thr *= 0.5
-        elif count > 4 * k / 3:
+        elif c > 4 * k / 3:
             thr *= 1.5
         else:
             break

@@ -6,7 +6,15 @@ several ranks reduce the same gathered data.
 """
 from __future__ import annotations
 
-from ._xp import array_module, index_dtype
+import numpy as np
+
+from ._xp import array_module, cuda_kernels, index_dtype
+
+
+def _stable_argsort(xp, a):
+    if xp is np:
+        return np.argsort(a, kind="stable")
+    return xp.argsort(a)  # cupy's argsort is always stable (thrust stable_sort_by_key)
 
 
 def coo_sum(indices, values, n: int | None = None):
@@ -18,8 +26,10 @@ def coo_sum(indices, values, n: int | None = None):
         n: size of the index space (only used for the index dtype).
 
     Returns:
-        (unique sorted indices, summed values).  Summation order per index is
-        the order of appearance in the concatenated input.
+        (unique sorted indices, summed values).  The entries of one index are
+        summed in their order of appearance in the concatenated input, the
+        way ``np.add.reduceat`` does it (first + pairwise sum of the rest);
+        the GPU path reproduces that order, so both give identical bits.
     """
     if isinstance(indices, (list, tuple)):
         xp = array_module(values[0]) if len(values) else None
@@ -32,7 +42,7 @@ def coo_sum(indices, values, n: int | None = None):
         xp = array_module(val)
     if idx.size == 0:
         return idx.astype(index_dtype(n or 0), copy=False), val
-    order = xp.argsort(idx, kind="stable")
+    order = _stable_argsort(xp, idx)
     sidx = idx[order]
     sval = val[order]
     new = xp.empty(sidx.size, dtype=bool)
@@ -42,14 +52,41 @@ def coo_sum(indices, values, n: int | None = None):
     uidx = sidx[starts]
     if starts.size == sidx.size:
         return uidx, sval
+    cu = cuda_kernels(sval)
+    if cu is not None and sval.dtype in (np.float32, np.float64):
+        return uidx, cu.segment_sums(sval, starts)  # numpy's reduceat order, bitwise
+    # (cupy's own add.reduceat differences a running sum: not numpy's bits, and
+    # inexact under cancellation; it serves only the CUDA-off path)
     return uidx, xp.add.reduceat(sval, starts)
 
 
 def scatter_add(dense, indices, values):
-    """dense[indices] += values, repeated indices accumulated in order. In place."""
+    """dense[indices] += values, repeated indices accumulated in order. In place.
+
+    Deterministic on both paths: repeats are added one after another in
+    input order, starting from the dense value (``np.add.at``'s order).  On
+    the GPU (float32) that is a kernel with one thread per run of equal
+    indices, after a stable sort only when the indices are not already
+    non-decreasing; no float atomics, whose order varies from run to run.
+    """
     xp = array_module(dense)
-    if indices.size:
-        xp.add.at(dense, indices, values)
+    if not indices.size:
+        return dense
+    cu = cuda_kernels(dense)
+    if (cu is not None and dense.dtype == np.float32 and values.dtype == np.float32
+            and dense.flags.c_contiguous and indices.dtype in (np.int32, np.int64)
+            and type(indices) is type(dense)):
+        idx = indices.reshape(-1)
+        vals = values.reshape(-1)
+        if idx.size != vals.size:
+            raise ValueError(f"{idx.size} indices for {vals.size} values")
+        if idx.size > 1 and not bool((idx[1:] >= idx[:-1]).all()):
+            order = xp.argsort(idx)  # stable
+            idx, vals = idx[order], vals[order]
+        cu.scatter_add_sorted(dense.reshape(-1), xp.ascontiguousarray(idx),
+                              xp.ascontiguousarray(vals))
+        return dense
+    xp.add.at(dense, indices, values)
     return dense
 
 

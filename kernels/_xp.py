@@ -5,6 +5,7 @@ machine never imports it.
 """
 from __future__ import annotations
 
+import os
 import sys
 
 import numpy as np
@@ -24,3 +25,34 @@ def is_device_array(x) -> bool:
 def index_dtype(n: int):
     """int32 indices unless the index space needs 64 bits (DESIGN.md)."""
     return np.int32 if n < 2**31 else np.int64
+
+
+def cuda_kernels(x):
+    """The hand-written CUDA kernels (``kernels._cuda``) when ``x`` is a cupy
+    array, else None.  Importing them imports cupy, so this is the one place
+    that decides when that happens.  ``AUTOTUNE_KERNELS_CUDA=0`` turns them
+    off (the generic cupy code then runs), for comparisons and bisecting."""
+    if not is_device_array(x) or os.environ.get("AUTOTUNE_KERNELS_CUDA", "1") == "0":
+        return None
+    from . import _cuda
+
+    return _cuda
+
+
+def fast_float32(x):
+    """``kernels._cuda`` when its float32 fast paths take ``x``, else None."""
+    cu = cuda_kernels(x)
+    if cu is None or x.dtype != np.float32 or not 0 < x.size < 2**31:
+        return None
+    return cu
+
+
+def weak_threshold(x, threshold):
+    """The threshold as NumPy compares it with ``x`` (NEP 50): a Python
+    float / int is rounded to ``x``'s float dtype first.  Done explicitly so
+    numpy and cupy agree whatever their promotion rules."""
+    if isinstance(threshold, (int, float)) and not isinstance(threshold, bool) \
+            and np.dtype(x.dtype).kind == "f":
+        with np.errstate(over="ignore"):
+            return np.dtype(x.dtype).type(threshold)
+    return threshold

@@ -1,0 +1,57 @@
+"""Studies behind the figures in docs/BENCHMARKS.md: scripts, not library API.
+
+- ``traffic``: bytes per rank of every algorithm against the sparse lower
+  bound 2k(P-1)/P words, on heavy-tailed gradient-like data with error
+  feedback (``mpiexec -n P python -m autotune.studies.traffic``).
+- ``quality``: how much of the exact global top-k each sparse algorithm
+  delivers over 200 error-feedback iterations, and how Ok-Topk's threshold
+  reuse interval tau' changes that (``mpiexec -n 4 python -m
+  autotune.studies.quality``).
+
+Both draw the same kind of data (``gradient_stream``) so their numbers can be
+read together.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["gradient_stream"]
+
+
+def gradient_stream(n: int, rank: int, *, seed: int = 0, layers: int = 16,
+                    shared: float = 0.7, drift: float = 0.97, df: float = 2.0,
+                    dtype=np.float32):
+    """Yield gradient-like vectors for one rank, one per iteration, forever.
+
+    g_r(t) = scale_layer * (shared * s(t) + noise_r(t)) where
+      * the n entries are cut into ``layers`` equal blocks, each with its own
+        log-normal scale (sigma 1): layers differ by orders of magnitude, as
+        in real networks;
+      * s(t) is one signal shared by all ranks (the true gradient), drifting
+        slowly: s(t) = drift s(t-1) + sqrt(1 - drift^2) e(t);
+      * e and noise are Student-t with ``df`` degrees of freedom (heavy
+        tails; Z / sqrt(chi2_df / df)), fresh per iteration, the noise also
+        per rank (the minibatch noise).  df = 2 has infinite variance: fine
+        for counting bytes, but a norm-based quality metric is then decided
+        by a handful of outliers, so the quality study uses df = 3.
+    Identical on every run for the same (n, rank, seed): all algorithms of a
+    study see the same data.
+    """
+    shared_rng = np.random.default_rng([seed, 10**6])
+    own_rng = np.random.default_rng([seed, rank])
+    bounds = np.linspace(0, n, layers + 1).astype(np.int64)
+    scales = np.exp(shared_rng.normal(0.0, 1.0, layers)).astype(dtype)
+    scale = np.repeat(scales, np.diff(bounds))
+
+    half = np.float32(df / 2.0)
+
+    def t2(rng):   # Student-t(df): chi2_df / df = Gamma(df/2) / (df/2)
+        return (rng.standard_normal(n, dtype=np.float32)
+                / np.sqrt(rng.standard_gamma(half, n, dtype=np.float32) / half + np.float32(1e-12)))
+
+    s = t2(shared_rng)
+    c = np.float32(np.sqrt(1.0 - drift * drift))
+    while True:
+        g = scale * (np.float32(shared) * s + t2(own_rng))
+        yield np.ascontiguousarray(g, dtype=dtype)
+        s = np.float32(drift) * s + c * t2(shared_rng)

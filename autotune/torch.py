@@ -1,0 +1,284 @@
+"""PyTorch integration: a DDP communication hook and a Horovod-style optimizer.
+
+Both send gradients through ``autotune.allreduce`` (dense during a warm-up,
+then the chosen dense or sparse algorithm with error feedback, Algorithm 2
+of Ok-Topk: see ``autotune.training``), average them by P and leave the
+learning rate to the optimizer.  Every rank receives bitwise-identical
+gradients, so replicas that start identical stay identical.
+
+1. With ``torch.distributed`` and DistributedDataParallel (PowerSGD-style
+   hook: state object + function)::
+
+       import autotune.torch as at
+       at.init_process_group()                  # gloo over the MPI ranks
+       ddp = torch.nn.parallel.DistributedDataParallel(model)
+       ddp.register_comm_hook(at.HookState(algorithm="oktopk", density=0.01),
+                              at.allreduce_hook)
+
+2. Without ``torch.distributed``, launched by ``mpiexec`` (Horovod-style)::
+
+       import autotune.torch as at
+       opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+       opt = at.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                     algorithm="oktopk", density=0.01, warmup_steps=50)
+       at.broadcast_parameters(model)           # start from rank 0's weights
+       for x, y in shard:
+           opt.zero_grad(); loss_fn(model(x), y).backward(); opt.step()
+
+``import autotune`` never imports torch; this module does.
+"""
+# no ``from __future__ import annotations``: DDP checks the hook's return
+# annotation against the real torch.futures.Future[torch.Tensor] object
+import atexit
+import hashlib
+import os
+import socket
+
+import numpy as np
+import torch
+
+from . import dispatch
+from ._convert import as_array
+from .training import SparseSGD
+
+__all__ = [
+    "DistributedOptimizer",
+    "HookState",
+    "allreduce_hook",
+    "broadcast_parameters",
+    "init_process_group",
+    "state_digest",
+]
+
+
+# -- torch.distributed on the MPI ranks ----------------------------------------------
+def init_process_group(backend: str = "gloo", **kwargs) -> None:
+    """Initialize ``torch.distributed`` with the MPI ranks (rank and world size
+    from the Communicator).
+
+    Rank 0 picks a free TCP port on ``MASTER_ADDR`` (default 127.0.0.1, i.e.
+    all ranks on one host; set ``MASTER_ADDR`` to rank 0's address otherwise)
+    and broadcasts it, unless ``MASTER_PORT`` is already set.  Idempotent.
+    The group is destroyed at interpreter exit (gloo's worker threads must
+    not outlive Python's finalization).
+
+    Args:
+        backend: "gloo" (CPU) or "nccl".
+        kwargs: passed on to ``torch.distributed.init_process_group``.
+    """
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    comm = dispatch.init()
+    addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    port = os.environ.get("MASTER_PORT")
+    if port is None:
+        port = comm.bcast_obj(_free_port(addr) if comm.rank == 0 else None, 0)
+    dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}",
+                            rank=comm.rank, world_size=comm.size, **kwargs)
+    atexit.register(_destroy_process_group)
+
+
+def _destroy_process_group() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _free_port(addr: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((addr, 0))
+        return int(s.getsockname()[1])
+
+
+# -- DDP communication hook ------------------------------------------------------------
+class HookState:
+    """State of ``allreduce_hook``: the algorithm choice and the step count.
+
+    Args:
+        algorithm: a name from ``collectives.ALGORITHMS`` or ``"auto"``.
+        density: fraction of values a sparse algorithm sends.
+        warmup_steps: iterations reduced densely first.  Keep it >= 1
+            (the default): DDP rebuilds its buckets after the first
+            iteration, and a bucket's residual is keyed by its index and
+            size, so a residual left from a sparse first iteration would be
+            orphaned.
+        prefix: tensor-name prefix (one per model in a process).
+
+    ``sgd`` is the underlying ``autotune.training.SparseSGD`` (its
+    statistics: steps, bytes sent, seconds in communication).
+    """
+
+    __slots__ = ("sgd",)
+
+    def __init__(self, *, algorithm: str = "auto", density: float | None = None,
+                 warmup_steps: int = 1, prefix: str = "ddp"):
+        self.sgd = SparseSGD(algorithm=algorithm, density=density,
+                             warmup_steps=warmup_steps, flat=True, prefix=prefix)
+
+
+def allreduce_hook(state: HookState, bucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP communication hook: average each bucket through ``autotune.allreduce``.
+
+    Each ``GradBucket``'s flat buffer is one tensor to the allreduce, named
+    ``<prefix>.bucket<index>.n<numel>`` so its error-feedback residual
+    follows it from step to step.  DDP launches buckets in index order on
+    every rank, so the collectives line up.  The reduction is synchronous:
+    the returned future is already completed (with the bucket's buffer,
+    overwritten by the average, as the default allreduce hook does).
+
+    Use::
+
+        ddp.register_comm_hook(HookState(algorithm="oktopk", density=0.01), allreduce_hook)
+    """
+    buf = bucket.buffer()
+    out = state.sgd.allreduce(buf, f"bucket{bucket.index()}.n{buf.numel()}")
+    buf.copy_(out)
+    if bucket.is_last():
+        state.sgd.advance()
+    fut = torch.futures.Future()
+    fut.set_result(buf)
+    return fut
+
+
+# -- Horovod-style optimizer -------------------------------------------------------------
+class _DistributedOptimizer:
+    """Mixed in front of the wrapped optimizer's class (see DistributedOptimizer)."""
+
+    def synchronize(self) -> None:
+        """Average all gradients over the ranks now (e.g. before clipping
+        them); the next ``step()`` then does not reduce again."""
+        grads = []
+        for group in self.param_groups:
+            for p in group["params"]:
+                if not p.requires_grad:
+                    continue
+                if p.grad is None:
+                    # every rank must send the same layout; a rank that did
+                    # not touch p contributes zeros (as Horovod does)
+                    p.grad = torch.zeros_like(p)
+                if p.grad.is_sparse:
+                    raise TypeError(f"DistributedOptimizer: sparse gradient of "
+                                    f"{self._autotune_names[id(p)]!r} is not supported")
+                grads.append((self._autotune_names[id(p)], as_array(p.grad)[0]))
+        self.sparse_sgd.synchronize(grads)
+        self._autotune_synchronized = True
+
+    def step(self, closure=None):
+        """Average the gradients over the ranks (unless ``synchronize()`` was
+        called since the last step), then take the wrapped optimizer's step."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        if not self._autotune_synchronized:
+            self.synchronize()
+        self._autotune_synchronized = False
+        super().step()
+        return loss
+
+
+def DistributedOptimizer(optimizer, named_parameters=None, *, algorithm: str = "auto",
+                         density: float | None = None, flat: bool = True,
+                         warmup_steps: int = 0, prefix: str = "opt"):
+    """Wrap ``optimizer`` so that ``step()`` first averages gradients over the ranks.
+
+    For training launched with ``mpiexec`` without ``torch.distributed``
+    (Horovod's ``hvd.DistributedOptimizer``).  The returned object is an
+    instance of a subclass of the optimizer's class sharing its parameter
+    groups and state, so learning-rate schedulers and ``state_dict`` work
+    unchanged; use it in place of the original.
+
+    Args:
+        optimizer: any ``torch.optim.Optimizer``.
+        named_parameters: ``model.named_parameters()`` (gives each gradient a
+            stable name: its residual's key when ``flat=False``); when None,
+            names are positions in the parameter groups.
+        algorithm: a name from ``collectives.ALGORITHMS`` or ``"auto"``.
+        density: fraction of values a sparse algorithm sends.
+        flat: one flat buffer per dtype for the whole model (True; as the
+            Ok-Topk reference code) or one allreduce per parameter.
+        warmup_steps: steps reduced densely first.
+        prefix: tensor-name prefix (one per optimizer in a process).
+
+    Returns:
+        the wrapped optimizer; ``.sparse_sgd`` is its
+        ``autotune.training.SparseSGD`` (statistics: steps, bytes sent,
+        seconds in communication).
+
+    Raises:
+        ValueError: a parameter of the optimizer missing from
+            ``named_parameters``, or duplicate names.
+    """
+    if isinstance(optimizer, _DistributedOptimizer):
+        raise ValueError("optimizer is already a DistributedOptimizer")
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    if named_parameters is None:
+        names = {id(p): f"param{i}" for i, p in enumerate(params)}
+    else:
+        named = list(named_parameters)
+        if len({n for n, _ in named}) != len(named):
+            raise ValueError("named_parameters holds duplicate names")
+        names = {id(p): n for n, p in named}
+        missing = [i for i, p in enumerate(params) if id(p) not in names]
+        if missing:
+            raise ValueError(f"{len(missing)} optimizer parameter(s) are not in "
+                             "named_parameters (pass model.named_parameters() of the "
+                             "model the optimizer trains)")
+    base = type(optimizer)
+    cls = type(base.__name__, (_DistributedOptimizer, base), {"__module__": base.__module__})
+    new = object.__new__(cls)
+    new.__dict__.update(optimizer.__dict__)
+    new._autotune_names = names
+    new._autotune_synchronized = False
+    new.sparse_sgd = SparseSGD(algorithm=algorithm, density=density,
+                               warmup_steps=warmup_steps, flat=flat, prefix=prefix)
+    return new
+
+
+def broadcast_parameters(params, root_rank: int = 0) -> None:
+    """Overwrite parameters (and buffers) on every rank with ``root_rank``'s.
+
+    Args:
+        params: an ``nn.Module`` (its ``state_dict()``: parameters and
+            buffers), a state dict, or an iterable of tensors or of
+            ``(name, tensor)`` pairs, in the same order on every rank.
+    """
+    if isinstance(params, torch.nn.Module):
+        tensors = list(params.state_dict().values())
+    elif isinstance(params, dict):
+        tensors = list(params.values())
+    else:
+        tensors = [t[1] if isinstance(t, tuple) else t for t in params]
+    comm = dispatch.init()
+    if comm.size == 1:
+        return
+    for t in tensors:
+        with torch.no_grad():
+            if t.device.type != "cpu":
+                host = t.detach().cpu().contiguous()
+                comm.bcast(host.numpy().reshape(-1), root_rank)
+                t.copy_(host)
+            elif t.is_contiguous():
+                comm.bcast(t.detach().numpy().reshape(-1), root_rank)
+            else:
+                host = t.detach().contiguous()
+                comm.bcast(host.numpy().reshape(-1), root_rank)
+                t.copy_(host)
+
+
+def state_digest(module, *, buffers: bool = False) -> str:
+    """SHA-256 hex digest of a module's parameters (and buffers if asked), bytes as stored.
+
+    Replicas must stay bitwise identical: compare the digests of all ranks to
+    check.  Buffers are left out by default: BatchNorm's running statistics
+    follow each rank's own data unless the training loop syncs them.
+    """
+    h = hashlib.sha256()
+    items = module.state_dict().items() if buffers else module.named_parameters()
+    for name, t in items:
+        h.update(name.encode())
+        h.update(np.ascontiguousarray(t.detach().cpu().numpy()).tobytes())
+    return h.hexdigest()

@@ -1,0 +1,236 @@
+"""Sparse data-parallel SGD, framework-neutral: which allreduce each step's gradients take.
+
+This is the communication side of Algorithm 2 (Ok-Topk SGD) of Li & Hoefler,
+"Near-Optimal Sparse Allreduce for Distributed Deep Learning" (PPoPP'22)::
+
+    for t = 0 .. T-1:
+        G_t   = local stochastic gradient on this rank's shard
+        if t < warmup_steps:  U_t = dense_allreduce(G_t) / P
+        else:                 U_t = sparse_allreduce(eps + G_t, k) / P   # eps: residual
+        w_{t+1} = optimizer_step(w_t, U_t)
+
+The residual ``eps`` (error feedback: whatever was not sent is kept and
+added to the next gradient) already lives inside the sparse algorithms,
+keyed by tensor name (``collectives.SparseAllreduce``), so this module only
+decides *what* is sent under *which name* with *which algorithm*, and keeps
+the step count.  Applying the learning rate (and momentum, weight decay...)
+is left to the framework's optimizer: the averaged gradient it receives is
+the dense one during warm-up and the sparse one afterwards.  (The paper
+folds the learning rate into the accumulation, ``eps + lr * G``; with a
+constant learning rate the two agree up to the factor lr on the residual,
+with a schedule the residual here is re-scaled by the current rate.)
+
+Two layouts:
+  * ``flat=True`` (the reference implementation's choice, and the default):
+    all gradients of one dtype are packed into one flat buffer and reduced
+    with one call, so k = density * (number of model parameters) is chosen
+    globally across layers and there is one collective per step;
+  * ``flat=False``: one call per gradient, under the gradient's own name,
+    k = density * layer size (more collectives; each layer keeps its share).
+
+Typical use, framework-neutral (numpy arrays; torch users take
+``autotune.torch.DistributedOptimizer`` or the DDP hook instead)::
+
+    import autotune
+    from autotune.training import SparseSGD
+
+    sgd = SparseSGD(algorithm="oktopk", density=0.01, warmup_steps=50)
+    for batch in shard:
+        grads = model.gradients(batch)          # [(name, ndarray), ...]
+        sgd.synchronize(grads)                  # now the average over ranks
+        for (name, g), w in zip(grads, model.weights):
+            w -= lr * g
+
+Every rank must call ``synchronize`` with the same names, shapes and dtypes
+in the same order; every rank then holds bitwise-identical gradients, so
+replicas that start identical stay identical.
+"""
+from __future__ import annotations
+
+import time
+from typing import Iterable
+
+import numpy as np
+
+import kernels
+from collectives import ALGORITHMS
+
+from . import dispatch
+
+__all__ = ["SparseSGD"]
+
+
+class SparseSGD:
+    """Per-model state of sparse data-parallel SGD (Algorithm 2 of Ok-Topk).
+
+    Fields, grouped as in PyTorch's PowerSGDState:
+      tuned:      algorithm, density, warmup_steps, flat
+      internal:   prefix, step (optimizer steps done), _buffers (flat
+                  buffers and their layout, per dtype)
+      statistics: dense_steps, sparse_steps, comm_seconds (wall time inside
+                  the allreduces), bytes_sent (by this rank in them, control
+                  messages included), last_algorithm (what ``auto`` resolved to)
+
+    Args:
+        algorithm: a name from ``collectives.ALGORITHMS`` or ``"auto"``
+            (the algorithm used after the warm-up).
+        density: fraction of values a sparse algorithm sends (the
+            algorithm's default, 1%, when None).
+        warmup_steps: steps reduced with the exact ``dense`` allreduce first.
+            Gradients change fastest at the start; sending them whole then
+            keeps the sparse run close to the dense one, and no residual
+            builds up while the loss falls steeply.
+        flat: reduce all gradients of one dtype as one flat buffer (True) or
+            each gradient on its own (False).
+        prefix: prepended to every tensor name, so that two models (or two
+            runs) in one process keep separate residuals.
+
+    Raises:
+        ValueError: unknown algorithm, density outside (0, 1], negative
+            warm-up.
+    """
+
+    __slots__ = (
+        # tuned
+        "algorithm", "density", "warmup_steps", "flat",
+        # internal
+        "prefix", "step", "_buffers",
+        # statistics
+        "dense_steps", "sparse_steps", "comm_seconds", "bytes_sent", "last_algorithm",
+    )
+
+    def __init__(self, *, algorithm: str = "auto", density: float | None = None,
+                 warmup_steps: int = 0, flat: bool = True, prefix: str = "grad"):
+        if algorithm != "auto" and algorithm not in ALGORITHMS:
+            raise ValueError(f"unknown algorithm {algorithm!r}; registered: "
+                             f"{sorted(ALGORITHMS)} or 'auto'")
+        if density is not None and not (0.0 < density <= 1.0):
+            raise ValueError(f"density must be in (0, 1], got {density!r}")
+        if int(warmup_steps) < 0:
+            raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps!r}")
+        self.algorithm = algorithm
+        self.density = density
+        self.warmup_steps = int(warmup_steps)
+        self.flat = bool(flat)
+        self.prefix = prefix
+        self.step = 0
+        self._buffers: dict = {}
+        self.dense_steps = 0
+        self.sparse_steps = 0
+        self.comm_seconds = 0.0
+        self.bytes_sent = 0
+        self.last_algorithm: str | None = None
+
+    # -- one tensor ------------------------------------------------------------
+    @property
+    def current_algorithm(self) -> str:
+        """The algorithm this step uses: ``dense`` during warm-up."""
+        return "dense" if self.step < self.warmup_steps else self.algorithm
+
+    def allreduce(self, tensor, key: str):
+        """Average one tensor over all ranks under the name ``prefix.key``.
+
+        Does not advance the step (a step may reduce several tensors: call
+        ``advance()`` once they are all done, or use ``synchronize``).
+
+        Returns:
+            the average over ranks, of the input's type and shape (a new
+            tensor; the input is not modified).
+        """
+        algorithm = self.current_algorithm
+        name = f"{self.prefix}.{key}"
+        comm = dispatch.init()  # MPI start-up is not communication time
+        before = comm.traffic.total().bytes_sent
+        t0 = time.perf_counter()
+        out = dispatch.allreduce(tensor, name=name, algorithm=algorithm,
+                                 density=self.density, op="mean")
+        self.comm_seconds += time.perf_counter() - t0
+        self.bytes_sent += comm.traffic.total().bytes_sent - before
+        self.last_algorithm = _resolved(algorithm, name)
+        return out
+
+    def advance(self) -> None:
+        """Count one optimizer step (warm-up and statistics follow it)."""
+        if self.step < self.warmup_steps:
+            self.dense_steps += 1
+        else:
+            self.sparse_steps += 1
+        self.step += 1
+
+    # -- a model's gradients -------------------------------------------------------
+    def synchronize(self, named_grads: Iterable[tuple[str, object]]) -> None:
+        """Replace each gradient by its average over ranks, in place; one step.
+
+        Args:
+            named_grads: ``(name, array)`` pairs, numpy or cupy arrays (any
+                shape; views are fine: results are written back through
+                them), in the same order on every rank.  Names must be
+                unique and stable across steps.
+
+        Raises:
+            ValueError: duplicate names, or (flat layout) a set of gradients
+                differing from the first step's, whose residual would no
+                longer line up.
+        """
+        named = list(named_grads)
+        names = [n for n, _ in named]
+        if len(set(names)) != len(names):
+            raise ValueError("synchronize: gradient names must be unique")
+        if self.flat:
+            groups: dict = {}
+            for name, g in named:
+                groups.setdefault(np.dtype(g.dtype).name, []).append((name, g))
+            for dt, items in groups.items():
+                self._reduce_flat(dt, items)
+        else:
+            for name, g in named:
+                g[...] = self.allreduce(_contiguous(g), name)
+        self.advance()
+
+    def _reduce_flat(self, dt: str, items) -> None:
+        layout = tuple((name, tuple(g.shape)) for name, g in items)
+        buf = self._buffers.get(dt)
+        if buf is None:
+            n = sum(int(np.prod(s, dtype=np.int64)) for _, s in layout)
+            xp = kernels.array_module(items[0][1])
+            buf = self._buffers[dt] = (layout, xp.empty(n, dtype=dt))
+        if buf[0] != layout:
+            raise ValueError(
+                f"synchronize: the {dt} gradients differ from the first step's "
+                "(names or shapes); the flat residual is laid out for those")
+        flat = buf[1]
+        off = 0
+        for _, g in items:
+            m = g.size
+            flat[off:off + m] = g.reshape(-1)
+            off += m
+        out = self.allreduce(flat, f"flat.{dt}")
+        off = 0
+        for _, g in items:
+            m = g.size
+            g[...] = out[off:off + m].reshape(g.shape)
+            off += m
+
+    def stats(self) -> dict:
+        """The statistics fields as a dict (for logs and JSON)."""
+        return {"step": self.step, "dense_steps": self.dense_steps,
+                "sparse_steps": self.sparse_steps, "comm_seconds": self.comm_seconds,
+                "bytes_sent": self.bytes_sent, "last_algorithm": self.last_algorithm}
+
+    def __repr__(self) -> str:
+        return (f"SparseSGD(algorithm={self.algorithm!r}, density={self.density!r}, "
+                f"warmup_steps={self.warmup_steps}, flat={self.flat}, step={self.step})")
+
+
+def _resolved(algorithm: str, name: str) -> str:
+    """What ``auto`` chose for ``name`` (the dispatcher's cached decision)."""
+    if algorithm != "auto":
+        return algorithm
+    for key, choice in dispatch.decisions().items():
+        if key and key[0] == name:
+            return choice.algorithm
+    return algorithm
+
+
+def _contiguous(a):
+    return kernels.array_module(a).ascontiguousarray(a)

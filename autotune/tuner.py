@@ -1,0 +1,162 @@
+"""Tuning density, tau' and tau with optuna, under an accuracy guard.
+
+Objective: the time per iteration of a sparse algorithm (Ok-Topk by
+default), predicted by the selector (cost model + learned correction) or
+measured by running it (``measure=callable``).  Constraint (the accuracy
+guard): the density must keep the observed xi — the paper's Assumption 1
+gap, measured by the profiler on real gradients — at or below ``xi_max``,
+and tau' at or below ``tau_prime_max`` (stale thresholds select worse: see
+docs/BENCHMARKS.md, selection quality versus tau').
+
+The study lives in a file-backed optuna storage (JournalStorage), so an
+interrupted ``autotune tune`` resumes where it stopped.
+
+Beyond the paper, ``OnlineDensityGuard`` re-tunes the density during
+training from xi observed on the training's own gradients.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .selector import Selector
+
+
+def xi_curve(profile: dict):
+    """(log10 densities, xi values) measured by the profiler, sorted; may be empty."""
+    by = (profile.get("xi") or {}).get("by_density") or {}
+    pts = sorted((math.log10(float(d)), float(v)) for d, v in by.items() if v is not None)
+    return [p[0] for p in pts], [p[1] for p in pts]
+
+
+def xi_at(profile: dict, density: float) -> float | None:
+    """xi at ``density``, interpolated in log density (clamped at the ends)."""
+    xs, ys = xi_curve(profile)
+    if not xs:
+        return None
+    q = math.log10(density)
+    if q <= xs[0]:
+        return ys[0]
+    if q >= xs[-1]:
+        return ys[-1]
+    for (x0, y0), (x1, y1) in zip(zip(xs, ys), zip(xs[1:], ys[1:])):
+        if x0 <= q <= x1:
+            return y0 + (y1 - y0) * (q - x0) / (x1 - x0)
+    return ys[-1]
+
+
+@dataclass
+class TuneResult:
+    density: float
+    tau_prime: int
+    tau: int
+    time_s: float
+    xi: float | None
+    trials: int
+    feasible: bool
+
+
+def tune(profile: dict, n: int, P: int, *, algorithm: str = "oktopk", xi_max: float = 0.5,
+         tau_prime_max: int = 64, density_range=(1e-4, 0.1), trials: int = 60,
+         storage: str | None = None, study_name: str | None = None, seed: int = 0,
+         measure=None, selector: Selector | None = None) -> TuneResult:
+    """Find density, tau' and tau minimizing time per iteration under the guard.
+
+    Args:
+        profile: profile dict.
+        n, P: tensor size and process count.
+        xi_max: largest tolerated xi (Assumption 1 gap relative to the gradient norm).
+        tau_prime_max: largest tolerated threshold-refresh interval.
+        storage: a file path for optuna's JournalStorage (resumable); None = in memory.
+        measure: optional ``measure(density, tau_prime, tau) -> seconds`` to
+            optimize measured instead of predicted time.
+    """
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    sel = selector or Selector(profile)
+    has_xi = bool(xi_curve(profile)[0])
+
+    def violation(d, tp):
+        xi = xi_at(profile, d) if has_xi else None
+        return [0.0 if xi is None else xi - xi_max, float(tp - tau_prime_max)]
+
+    def objective(trial):
+        d = trial.suggest_float("density", *density_range, log=True)
+        tp = trial.suggest_int("tau_prime", 1, 128, log=True)
+        tau = trial.suggest_int("tau", 1, 256, log=True)
+        trial.set_user_attr("constraint", violation(d, tp))
+        if measure is not None:
+            return float(measure(d, tp, tau))
+        from . import costmodel
+
+        learned, model = sel.predict(algorithm, n, P, d)
+        # the learned correction applies to the default tau'; the tau'/tau
+        # dependence comes from the cost model's refresh terms
+        base = costmodel.predict(sel.machine, algorithm, n, P, d, tau_prime=32, tau=64)
+        this = costmodel.predict(sel.machine, algorithm, n, P, d, tau_prime=tp, tau=tau)
+        return learned * this / base
+
+    sampler = optuna.samplers.TPESampler(
+        seed=seed, constraints_func=lambda t: t.user_attrs["constraint"])
+    if storage:
+        from optuna.storages import JournalStorage
+        from optuna.storages.journal import JournalFileBackend
+
+        store = JournalStorage(JournalFileBackend(storage))
+    else:
+        store = None
+    name = study_name or f"{algorithm}-n{n}-P{P}-xi{xi_max:g}"
+    study = optuna.create_study(study_name=name, storage=store, sampler=sampler,
+                                direction="minimize", load_if_exists=True)
+    done = len([t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE])
+    if trials > done:
+        study.optimize(objective, n_trials=trials - done)
+    feasible = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE
+                and all(c <= 0 for c in t.user_attrs["constraint"])]
+    pool = feasible or [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    best = min(pool, key=lambda t: t.value)
+    d = best.params["density"]
+    return TuneResult(d, best.params["tau_prime"], best.params["tau"], best.value,
+                      xi_at(profile, d) if has_xi else None, len(study.trials), bool(feasible))
+
+
+class OnlineDensityGuard:
+    """Adjust the density during training from xi observed on real gradients.
+
+    Every ``every`` steps the caller passes the step's exact averaged gradient
+    and the sparse result (e.g. one extra dense allreduce every few hundred
+    steps); the guard computes xi = ||dense_topk - sparse|| / ||dense|| and
+    multiplies the density by ``up`` when xi exceeds ``xi_max``, by ``down``
+    when it is below ``xi_max / 2``, within [lo, hi].
+    """
+
+    def __init__(self, density: float, *, xi_max: float = 0.5, every: int = 200,
+                 up: float = 1.5, down: float = 0.8, lo: float = 1e-4, hi: float = 0.1):
+        if not 0 < density <= 1 or xi_max <= 0 or every < 1:
+            raise ValueError("density in (0, 1], xi_max > 0 and every >= 1 are required")
+        self.density, self.xi_max, self.every = density, xi_max, every
+        self.up, self.down, self.lo, self.hi = up, down, lo, hi
+        self.history: list[tuple[int, float, float]] = []
+
+    def due(self, step: int) -> bool:
+        return step > 0 and step % self.every == 0
+
+    def observe(self, step: int, exact_mean, sparse_mean) -> float:
+        import numpy as np
+
+        from kernels import topk_indices, k_from_density
+
+        exact = np.asarray(exact_mean, dtype=np.float64).ravel()
+        k = k_from_density(exact.size, self.density)
+        ref = np.zeros_like(exact)
+        idx = topk_indices(exact, k)
+        ref[idx] = exact[idx]
+        norm = float(np.linalg.norm(exact)) or 1.0
+        xi = float(np.linalg.norm(ref - np.asarray(sparse_mean, dtype=np.float64).ravel())) / norm
+        if xi > self.xi_max:
+            self.density = min(self.hi, self.density * self.up)
+        elif xi < self.xi_max / 2:
+            self.density = max(self.lo, self.density * self.down)
+        self.history.append((step, xi, self.density))
+        return self.density

@@ -1,0 +1,877 @@
+"""Hand-written CUDA for the hot selection and sparse kernels (cupy only).
+
+Imported lazily, the first time a cupy array reaches a kernel: importing this
+module imports cupy.  Every public function here takes cupy arrays on one
+device and returns cupy arrays on that device; the numpy-facing API in
+``_select`` / ``_sparse`` decides when to call in here (float32, contiguous,
+16-byte aligned, fewer than 2**31 elements) and falls back to the generic
+array-module code otherwise.
+
+The kernels, and why they look the way they do:
+
+``sel_*`` -- threshold selection in ONE pass over the data.
+    A single-pass stream compaction with a *decoupled look-back* scan (Merrill
+    & Garland, 2016; what CUB's DeviceSelect does): block b loads tile b
+    (4096 or 8192 entries, coalesced float4 loads), ranks its selected entries
+    with one warp scan of byte-packed per-chunk counts, publishes its count,
+    sums its predecessors' published counts (an inclusive prefix ends the
+    walk), publishes its own inclusive prefix and writes its entries at
+    ``prefix + rank``.  Tiles are ranked by index and entries inside a tile
+    in index order, so the output is sorted ascending with no sort: nothing
+    hands out output slots by atomics.  Bytes: read 4n once, write 8 per
+    selected entry.  One 64-bit status word per tile carries two counts
+    (2 flag bits + 2 x 31 bits): entries strictly above a key and ties equal
+    to it, which gives the exact top-k tie rule (the first ``need`` ties by
+    index) in the same single pass.  Variants: plain; error feedback (acc =
+    residual + x on the fly, written back with the emitted entries zeroed:
+    read 8n, write 4n); the continuation of error feedback after an output
+    overflow; top-k over a compacted candidate list (indices gathered).
+
+``tk_hist`` / ``tk_find`` -- radix select of the k-th largest |x|.
+    |x| of a float32 is its bit pattern with the sign cleared, and for
+    non-negative floats the unsigned-integer order is the float order, so the
+    k-th largest magnitude is found digit by digit on the 31-bit key:
+    bits 30..20 (2048 bins), 19..10 (1024), 9..0 (1024).  Pass 1 histograms
+    all of x (block-private shared-memory histograms, 4 copies against
+    same-bin serialisation); ``tk_find`` (one warp) scans from the top for the
+    bin holding the k-th key and keeps the state on the device.  The entries
+    in that bin and above (k plus one bin: a few percent of n) are then
+    compacted in index order by the select kernel, and passes 2 and 3 and
+    the final select run on those candidates only.  Two full reads of x.
+
+``seg_sum_*`` -- segmented sums in NumPy's exact order.
+    ``np.add.reduceat`` computes a0 + pairwise(a1..am) (NumPy's pairwise
+    summation: plain loop under 8 terms, 8 accumulators up to 128, halving
+    above).  Reproducing that order makes the GPU ``coo_sum`` bitwise equal
+    to the CPU one, which keeps replicas on mixed hosts identical.
+
+``seg_scatter_add_*`` -- deterministic scatter-add.
+    On index-sorted input each run of equal indices is added by one thread in
+    input order, starting from the dense value: exactly ``np.add.at``'s order,
+    with no float atomics (whose order, and so rounding, varies run to run).
+
+Kernels are compiled once per process and device (module-level cache).
+"""
+from __future__ import annotations
+
+import functools
+import math
+import os
+
+import cupy as cp
+import numpy as np
+
+# --------------------------------------------------------------------------
+# CUDA source
+# --------------------------------------------------------------------------
+
+_SOURCE = r"""
+typedef unsigned int u32;
+typedef unsigned long long u64;
+typedef long long i64;
+
+#define FULL 0xffffffffu
+#define KEY_MASK 0x7fffffffu
+
+// ---- select: one pass, decoupled look-back, ordered output -----------------
+#define SEL_THREADS 256
+#define SEL_WARPS 8
+#ifndef MINB_THR4
+#define MINB_THR4 6
+#define MINB_THR8 4
+#define MINB_EF4 4
+#define MINB_EF8 2
+#define MINB_EFR4 6
+#define MINB_EFR8 4
+#define MINB_TOPK4 4
+#define MINB_TOPK8 2
+#endif
+#define ST_FLAG_SHIFT 62
+#define ST_AGG (1ull << 62)
+#define ST_INC (2ull << 62)
+#define CNT31 0x7fffffffull
+
+__device__ __forceinline__ void st_publish(u64* p, u64 v) { *((volatile u64*)p) = v; }
+__device__ __forceinline__ u64 st_read(const u64* p) { return *((volatile const u64*)p); }
+
+__device__ __forceinline__ u32 warp_incl_scan(u32 v, const int lane) {
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const u32 t = __shfl_up_sync(FULL, v, o);
+        if (lane >= o) v += t;
+    }
+    return v;
+}
+
+__device__ __forceinline__ u32 byte_of(const u32 w, const int q) { return (w >> (8 * q)) & 0xffu; }
+__device__ __forceinline__ u32 byte_sum(const u32 w) {
+    return (w & 0xffu) + ((w >> 8) & 0xffu) + ((w >> 16) & 0xffu) + (w >> 24);
+}
+
+// Block b handles tile b: SEL_WARPS * 32 * 4 * J entries.  (Using blockIdx.x
+// as the tile id, as CUB's single-pass scans do, relies on blocks being
+// dispatched in index order, so every tile a block waits on belongs to a block
+// already running.)  Lane l of warp w loads float4 number j*32 + l of the warp's
+// span, so every load is coalesced, and the span's index order is
+// (j, lane, element).  Per lane and chunk j the selected count (0..4) goes into
+// one byte of a packed word; one warp scan of the packed word ranks all chunks
+// at once (a chunk's warp total is at most 128, so bytes never carry).  Ties at
+// tie_key are counted the same way when TIES: entry i is selected when
+// key >= above_key, or key == tie_key and fewer than `need` ties precede it;
+// its output slot is  #(above before i) + min(#(ties before i), need).
+// After the look-back the values are loaded again (L1/L2 hits: the tile was
+// just read) unless KEEP holds them in registers: without KEEP a thread needs
+// few registers and more blocks stay resident, i.e. more loads in flight.
+// MODE 0: select from a.  MODE 1: acc = a + b, written back to a with the
+// emitted entries zeroed (error feedback).  MODE 2: like 1 without b (the
+// continuation after an output overflow; it only zeroes what it emits).
+// GATHER: a is a compacted candidate list and in_idx its original indices.
+template <int J, int MODE, bool TIES, bool GATHER, bool KEEP>
+__device__ __forceinline__ void select_tile(
+    float* a, const float* b, const int* in_idx, const i64 n,
+    const u32 above_key, const u32 tie_key, const u32 need, const u32 cap,
+    int* __restrict__ out_idx, float* __restrict__ out_val, u64* status)
+{
+    constexpr int WARP_ELEMS = 32 * 4 * J;
+    constexpr int TILE = SEL_WARPS * WARP_ELEMS;
+    constexpr int NP = J / 4;
+    __shared__ u32 s_w[SEL_WARPS];
+    __shared__ u32 s_pa, s_pt;
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const u32 tile = blockIdx.x;
+    // 64-bit only here: offsets inside the warp's span are 32-bit (n < 2^31)
+    const i64 wbase = (i64)tile * TILE + (i64)warp * WARP_ELEMS;
+    const int lim = (int)max((i64)0, min((i64)WARP_ELEMS, n - wbase));   // valid entries
+    float* aw = a + wbase;
+    const float* bw = (MODE == 1) ? b + wbase : b;
+
+    float v[J][4];
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+        const int o = (j * 32 + lane) * 4;
+        if (o + 3 < lim) {
+            float4 q;
+            if (MODE == 0) q = __ldg(reinterpret_cast<const float4*>(aw + o));
+            else q = *reinterpret_cast<const float4*>(aw + o);
+            if (MODE == 1) {
+                const float4 r = __ldg(reinterpret_cast<const float4*>(bw + o));
+                q.x += r.x; q.y += r.y; q.z += r.z; q.w += r.w;
+            }
+            v[j][0] = q.x; v[j][1] = q.y; v[j][2] = q.z; v[j][3] = q.w;
+        } else {
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                float t = 0.0f;
+                if (o + c < lim) { t = aw[o + c]; if (MODE == 1) t += bw[o + c]; }
+                v[j][c] = t;
+            }
+        }
+    }
+
+    u32 ma = 0, mt = 0;             // bit 4j+c: entry (j, c) above / tie
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+        const int o = (j * 32 + lane) * 4;
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+            const u32 key = __float_as_uint(v[j][c]) & KEY_MASK;
+            const bool ok = o + c < lim;
+            if (ok && key >= above_key) ma |= 1u << (4 * j + c);
+            if (TIES && ok && key == tie_key) mt |= 1u << (4 * j + c);
+        }
+    }
+    u32 ea[NP], ta[NP], et[NP], tt[NP];     // packed: lane-exclusive prefix, warp total
+    u32 wa = 0, wt = 0;
+#pragma unroll
+    for (int p = 0; p < NP; ++p) {
+        u32 pa = 0, pt = 0;
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            pa |= (u32)__popc((ma >> (4 * (4 * p + q))) & 0xfu) << (8 * q);
+            if (TIES) pt |= (u32)__popc((mt >> (4 * (4 * p + q))) & 0xfu) << (8 * q);
+        }
+        const u32 sa = warp_incl_scan(pa, lane);
+        ea[p] = sa - pa;
+        ta[p] = __shfl_sync(FULL, sa, 31);
+        wa += byte_sum(ta[p]);
+        if (TIES) {
+            const u32 st_ = warp_incl_scan(pt, lane);
+            et[p] = st_ - pt;
+            tt[p] = __shfl_sync(FULL, st_, 31);
+            wt += byte_sum(tt[p]);
+        } else {
+            et[p] = 0; tt[p] = 0;
+        }
+    }
+    if (lane == 0) s_w[warp] = wa | (wt << 16);      // each <= 32*4*J <= 1024
+    __syncthreads();
+
+    if (warp == 0) {
+        const u32 x = (lane < SEL_WARPS) ? s_w[lane] : 0u;
+        const u32 incl = warp_incl_scan(x, lane);       // halves stay < 2^16
+        const u32 agg = __shfl_sync(FULL, incl, SEL_WARPS - 1);
+        const u32 agg_a = agg & 0xffffu, agg_t = agg >> 16;
+        if (lane < SEL_WARPS) s_w[lane] = incl - x;     // each lane rewrites its own slot
+        u32 pa = 0, pt = 0;
+        if (tile == 0) {
+            if (lane == 0) st_publish(&status[0], ST_INC | ((u64)agg_a << 31) | (u64)agg_t);
+        } else {
+            if (lane == 0) st_publish(&status[tile], ST_AGG | ((u64)agg_a << 31) | (u64)agg_t);
+            i64 pred = (i64)tile - 1;
+            while (true) {
+                const i64 t = pred - lane;
+                u64 s = ST_INC;                          // before tile 0: inclusive zero
+                if (t >= 0) {
+                    s = st_read(&status[t]);
+                    while ((s >> ST_FLAG_SHIFT) == 0) { __nanosleep(32); s = st_read(&status[t]); }
+                }
+                const u32 inc = __ballot_sync(FULL, (s >> ST_FLAG_SHIFT) == 2);
+                const int stop = inc ? (__ffs(inc) - 1) : 31;    // nearest inclusive
+                u32 ca = (lane <= stop) ? (u32)((s >> 31) & CNT31) : 0u;
+                u32 ct = (lane <= stop) ? (u32)(s & CNT31) : 0u;
+#pragma unroll
+                for (int o = 16; o > 0; o >>= 1) {
+                    ca += __shfl_xor_sync(FULL, ca, o);
+                    ct += __shfl_xor_sync(FULL, ct, o);
+                }
+                pa += ca; pt += ct;
+                if (inc) break;
+                pred -= 32;
+            }
+            if (lane == 0)
+                st_publish(&status[tile], ST_INC | ((u64)(pa + agg_a) << 31) | (u64)(pt + agg_t));
+        }
+        if (lane == 0) { s_pa = pa; s_pt = pt; }
+    }
+    __syncthreads();
+
+    const u32 wx = s_w[warp];
+    const u32 ga = s_pa + (wx & 0xffffu);       // above before this warp's span
+    const u32 gt = s_pt + (wx >> 16);           // ties before it
+    const int ibase = (int)wbase;               // used only for valid entries (< n < 2^31)
+    u32 ba = 0, bt = 0;                         // totals of this warp's earlier chunks
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+        const int p = j >> 2, q = j & 3;
+        const int o = (j * 32 + lane) * 4;
+        const u32 mj = (ma >> (4 * j)) & 0xfu;
+        const u32 tj = TIES ? ((mt >> (4 * j)) & 0xfu) : 0u;
+        if ((mj | tj) || MODE == 1) {
+            float w[4];
+            if (KEEP) {
+                w[0] = v[j][0]; w[1] = v[j][1]; w[2] = v[j][2]; w[3] = v[j][3];
+            } else if (o + 3 < lim) {   // reload (.cg: from L2, not merged with the first read)
+                float4 q4 = __ldcg(reinterpret_cast<const float4*>(aw + o));
+                if (MODE == 1) {
+                    const float4 r = __ldcg(reinterpret_cast<const float4*>(bw + o));
+                    q4.x += r.x; q4.y += r.y; q4.z += r.z; q4.w += r.w;
+                }
+                w[0] = q4.x; w[1] = q4.y; w[2] = q4.z; w[3] = q4.w;
+            } else {
+#pragma unroll
+                for (int c = 0; c < 4; ++c) {
+                    float t = 0.0f;
+                    if (o + c < lim) { t = __ldcg(aw + o + c); if (MODE == 1) t += __ldcg(bw + o + c); }
+                    w[c] = t;
+                }
+            }
+            u32 ra = ga + ba + byte_of(ea[p], q);
+            u32 rt = gt + bt + byte_of(et[p], q);
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                const u32 pa_ = (mj >> c) & 1u, pt_ = (tj >> c) & 1u;
+                const bool sel = pa_ || (pt_ && rt < need);
+                const u32 pos = ra + min(rt, need);
+                if (sel && pos < cap) {
+                    out_idx[pos] = GATHER ? in_idx[wbase + o + c] : ibase + o + c;
+                    out_val[pos] = w[c];
+                    w[c] = 0.0f;
+                    if (MODE == 2) aw[o + c] = 0.0f;
+                }
+                ra += pa_; rt += pt_;
+            }
+            if (MODE == 1) {
+                if (o + 3 < lim) {
+                    *reinterpret_cast<float4*>(aw + o) = make_float4(w[0], w[1], w[2], w[3]);
+                } else {
+#pragma unroll
+                    for (int c = 0; c < 4; ++c) if (o + c < lim) aw[o + c] = w[c];
+                }
+            }
+        }
+        ba += byte_of(ta[p], q);
+        bt += byte_of(tt[p], q);
+    }
+}
+
+#define SEL_ARGS float* a, const float* b, const int* in_idx, const i64 n,          \
+    const u32 above_key, const u32 tie_key, const u32 need, const u32* dparams,       \
+    const u32 cap, int* __restrict__ out_idx, float* __restrict__ out_val, u64* status
+#define SEL_PASS(AK, TK, ND) a, b, in_idx, n, AK, TK, ND, cap, out_idx, out_val, status
+// MINB: resident blocks of 256 per SM asked of the register allocator (spill-free)
+#define DEFINE_SELECT(NAME, J, MODE, KEEP, MINB)                                     \
+extern "C" __global__ void __launch_bounds__(SEL_THREADS, MINB) NAME(SEL_ARGS) {    \
+    select_tile<J, MODE, false, false, KEEP>(SEL_PASS(above_key, tie_key, need));    \
+}
+#define DEFINE_TOPK(NAME, J, GATHER, MINB)                                           \
+extern "C" __global__ void __launch_bounds__(SEL_THREADS, MINB) NAME(SEL_ARGS) {    \
+    select_tile<J, 0, true, GATHER, false>(SEL_PASS(dparams[0], dparams[1], dparams[2])); \
+}
+DEFINE_SELECT(sel_thr4, 4, 0, false, MINB_THR4)
+DEFINE_SELECT(sel_thr8, 8, 0, false, MINB_THR8)
+DEFINE_SELECT(sel_ef4, 4, 1, true, MINB_EF4)
+DEFINE_SELECT(sel_ef8, 8, 1, true, MINB_EF8)
+DEFINE_SELECT(sel_efr4, 4, 1, false, MINB_EFR4)
+DEFINE_SELECT(sel_efr8, 8, 1, false, MINB_EFR8)
+DEFINE_SELECT(sel_efc4, 4, 2, false, MINB_THR4)
+DEFINE_TOPK(sel_topk4, 4, true, MINB_TOPK4)
+DEFINE_TOPK(sel_topk8, 8, true, MINB_TOPK8)
+DEFINE_TOPK(sel_topkx4, 4, false, MINB_TOPK4)
+DEFINE_TOPK(sel_topkx8, 8, false, MINB_TOPK8)
+
+// ---- radix select ------------------------------------------------------------
+#define S_PREFIX 0
+#define S_KREM 1
+#define S_BINCNT 2
+#define S_P_ABOVE 4
+#define S_P_TIE 5
+#define S_P_NEED 6
+#define S_ERR 7
+
+// Histogram of the digit (key >> shift) & (2^nbits - 1) over the keys whose bits
+// above shift + nbits equal the prefix found so far.  `copies` (1 or 4) private
+// histograms per block, picked by lane & (copies - 1), cut the serialisation of
+// lanes that hit the same bin in one instruction.
+extern "C" __global__ void __launch_bounds__(512)
+tk_hist(const u32* __restrict__ src, const i64 m, const u32* __restrict__ st,
+        u32* __restrict__ hist, const int shift, const int nbits, const int copies)
+{
+    extern __shared__ u32 sh[];
+    const int nb = 1 << nbits;
+    for (int i = threadIdx.x; i < (copies << nbits); i += blockDim.x) sh[i] = 0u;
+    __syncthreads();
+    const int hs = shift + nbits;                 // <= 31
+    const u32 want = st[S_PREFIX] >> hs;
+    const u32 bmask = (u32)nb - 1u;
+    u32* myh = sh + ((threadIdx.x & (copies - 1)) << nbits);
+    const uint4* s4 = reinterpret_cast<const uint4*>(src);
+    const i64 m4 = m >> 2;
+    const i64 stride = (i64)gridDim.x * blockDim.x;
+    for (i64 q = (i64)blockIdx.x * blockDim.x + threadIdx.x; q < m4; q += 2 * stride) {
+        const uint4 u0 = __ldg(s4 + q);
+        const bool ok1 = q + stride < m4;
+        uint4 u1 = make_uint4(0u, 0u, 0u, 0u);
+        if (ok1) u1 = __ldg(s4 + q + stride);
+        const u32 k0[4] = {u0.x & KEY_MASK, u0.y & KEY_MASK, u0.z & KEY_MASK, u0.w & KEY_MASK};
+#pragma unroll
+        for (int c = 0; c < 4; ++c)
+            if ((k0[c] >> hs) == want) atomicAdd(&myh[(k0[c] >> shift) & bmask], 1u);
+        if (ok1) {
+            const u32 k1[4] = {u1.x & KEY_MASK, u1.y & KEY_MASK, u1.z & KEY_MASK, u1.w & KEY_MASK};
+#pragma unroll
+            for (int c = 0; c < 4; ++c)
+                if ((k1[c] >> hs) == want) atomicAdd(&myh[(k1[c] >> shift) & bmask], 1u);
+        }
+    }
+    if (blockIdx.x == 0 && (i64)threadIdx.x < (m & 3)) {     // the last m % 4 keys
+        const u32 kk = src[m4 * 4 + threadIdx.x] & KEY_MASK;
+        if ((kk >> hs) == want) atomicAdd(&myh[(kk >> shift) & bmask], 1u);
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < nb; i += blockDim.x) {
+        u32 c = 0;
+        for (int r = 0; r < copies; ++r) c += sh[(r << nbits) + i];
+        if (c) atomicAdd(&hist[i], c);
+    }
+}
+
+// One warp: find the bin holding the k-th largest key, scanning from the top,
+// and update the device-side state.  Pass 1 takes k from k_init; pass 3 writes
+// the select parameters (above_key, tie_key, need) for sel_topk*.
+extern "C" __global__ void __launch_bounds__(32)
+tk_find(const u32* __restrict__ hist, const int nbits, const int shift,
+        u32* st, const u32 k_init, const int pass)
+{
+    const int lane = threadIdx.x;
+    const int nb = 1 << nbits;
+    const u32 k = (pass == 1) ? k_init : st[S_KREM];
+    u32 run = 0;
+    for (int top = nb - 1; top >= 0; top -= 32) {
+        const int bin = top - lane;
+        const u32 h = hist[bin];
+        const u32 incl = run + warp_incl_scan(h, lane);
+        const u32 hit = __ballot_sync(FULL, incl >= k);
+        if (hit) {
+            if (lane == __ffs(hit) - 1) {
+                const u32 prefix = st[S_PREFIX] | ((u32)bin << shift);
+                const u32 krem = k - (incl - h);
+                st[S_PREFIX] = prefix;
+                st[S_KREM] = krem;
+                st[S_BINCNT] = h;
+                if (pass == 3) {
+                    st[S_P_ABOVE] = prefix + 1u;   // strictly above the k-th key
+                    st[S_P_TIE] = prefix;          // ties at the k-th key
+                    st[S_P_NEED] = krem;           // how many ties to take
+                }
+            }
+            return;
+        }
+        run = __shfl_sync(FULL, incl, 31);
+    }
+    if (lane == 0) st[S_ERR] = 1u;                 // fewer than k keys: a bug
+}
+
+// ---- segmented sums in NumPy's order ---------------------------------------
+template <typename T>
+__device__ T np_pairwise_block(const T* a, const i64 n)
+{
+    if (n < 8) {
+        T r = (T)-0.0;
+        for (i64 i = 0; i < n; ++i) r += a[i];
+        return r;
+    }
+    T r0 = a[0], r1 = a[1], r2 = a[2], r3 = a[3];
+    T r4 = a[4], r5 = a[5], r6 = a[6], r7 = a[7];
+    i64 i;
+    for (i = 8; i < n - (n % 8); i += 8) {
+        r0 += a[i + 0]; r1 += a[i + 1]; r2 += a[i + 2]; r3 += a[i + 3];
+        r4 += a[i + 4]; r5 += a[i + 5]; r6 += a[i + 6]; r7 += a[i + 7];
+    }
+    T res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7));
+    for (; i < n; ++i) res += a[i];
+    return res;
+}
+
+template <typename T>
+__device__ T np_pairwise(const T* a, const i64 n)
+{
+    if (n <= 128) return np_pairwise_block<T>(a, n);
+    i64 n2 = n / 2;
+    n2 -= n2 % 8;
+    return np_pairwise<T>(a, n2) + np_pairwise<T>(a + n2, n - n2);
+}
+
+template <typename T>
+__device__ void seg_sum(const T* __restrict__ v, const i64* __restrict__ starts,
+                        const i64 nseg, const i64 m, T* __restrict__ out)
+{
+    for (i64 s = (i64)blockIdx.x * blockDim.x + threadIdx.x; s < nseg;
+         s += (i64)gridDim.x * blockDim.x) {
+        const i64 b = starts[s];
+        const i64 e = (s + 1 < nseg) ? starts[s + 1] : m;
+        T r = v[b];
+        if (e - b > 1) r = r + np_pairwise<T>(v + b + 1, e - b - 1);
+        out[s] = r;
+    }
+}
+extern "C" __global__ void seg_sum_f32(const float* v, const i64* starts, const i64 nseg,
+                                       const i64 m, float* out) { seg_sum<float>(v, starts, nseg, m, out); }
+extern "C" __global__ void seg_sum_f64(const double* v, const i64* starts, const i64 nseg,
+                                       const i64 m, double* out) { seg_sum<double>(v, starts, nseg, m, out); }
+
+// ---- deterministic scatter-add over index-sorted input -----------------------
+#define DEFINE_SCATTER(NAME, T)                                                   \
+extern "C" __global__ void                                                        \
+NAME(float* dense, const i64 nd, const T* __restrict__ idx,                        \
+     const float* __restrict__ val, const i64 m)                                  \
+{                                                                                 \
+    for (i64 j = (i64)blockIdx.x * blockDim.x + threadIdx.x; j < m;               \
+         j += (i64)gridDim.x * blockDim.x) {                                      \
+        const T i = idx[j];                                                       \
+        if (j > 0 && idx[j - 1] == i) continue;      /* not the head of its run */ \
+        if (i < 0 || (i64)i >= nd) continue;                                      \
+        float acc = dense[i];                                                     \
+        for (i64 t = j; t < m && idx[t] == i; ++t) acc += val[t];                 \
+        dense[i] = acc;                                                           \
+    }                                                                             \
+}
+DEFINE_SCATTER(seg_scatter_add_i32, int)
+DEFINE_SCATTER(seg_scatter_add_i64, long long)
+"""
+
+_NAMES = ("sel_thr4", "sel_thr8", "sel_ef4", "sel_ef8", "sel_efr4", "sel_efr8", "sel_efc4",
+          "sel_topk4", "sel_topk8", "sel_topkx4", "sel_topkx8",
+          "tk_hist", "tk_find", "seg_sum_f32", "seg_sum_f64",
+          "seg_scatter_add_i32", "seg_scatter_add_i64")
+
+# --------------------------------------------------------------------------
+# Compile once per process and device
+# --------------------------------------------------------------------------
+
+_MODULES: dict[int, dict[str, object]] = {}
+_SM_COUNT: dict[int, int] = {}
+
+#: Fill fresh outputs with a poison value before the kernels write them
+#: (tests set this: an entry a kernel forgot to write then shows).
+POISON = False
+#: float4 chunks per lane in the plain and top-k select kernels (4: tiles of
+#: 4096 entries, 8: 8192).  Env: AUTOTUNE_SELECT_J.
+SELECT_J = int(os.environ.get("AUTOTUNE_SELECT_J", "8"))
+#: The error-feedback kernel: sel_ef{4,8} keep the tile in registers between
+#: the count and the write phase, sel_efr{4,8} reload it from L2 (fewer
+#: registers, more resident blocks).  Env: AUTOTUNE_EF_KERNEL.
+EF_KERNEL = os.environ.get("AUTOTUNE_EF_KERNEL", "sel_efr4")
+
+SEL_THREADS = 256
+HIST_THREADS = 512
+_NOKEY = 0xFFFFFFFF      # a key no float32 magnitude has (keys are < 2**31)
+_NULL = np.uint64(0)     # a null pointer argument
+
+
+def _funcs():
+    dev = cp.cuda.runtime.getDevice()
+    fns = _MODULES.get(dev)
+    if fns is None:
+        mod = cp.RawModule(code=_SOURCE, options=("--std=c++14",))
+        fns = {name: mod.get_function(name) for name in _NAMES}
+        _MODULES[dev] = fns
+        _SM_COUNT[dev] = cp.cuda.Device(dev).attributes["MultiProcessorCount"]
+    return fns
+
+
+def _sm_count():
+    _funcs()
+    return _SM_COUNT[cp.cuda.runtime.getDevice()]
+
+
+def warm_up():
+    """Compile (or load from cupy's disk cache) every kernel on the current device."""
+    _funcs()
+
+
+def _on_input_device(fn):
+    """Run ``fn`` with its first argument's device current (launches go there)."""
+    @functools.wraps(fn)
+    def wrapper(a, *args, **kw):
+        with a.device:
+            return fn(a, *args, **kw)
+    return wrapper
+
+
+def _empty(n, dtype):
+    if POISON:
+        if np.dtype(dtype).kind == "f":
+            return cp.full(n, np.nan, dtype=dtype)
+        return cp.full(n, -7, dtype=dtype)
+    return cp.empty(n, dtype=dtype)
+
+
+# --------------------------------------------------------------------------
+# Eligibility and threshold keys
+# --------------------------------------------------------------------------
+
+def aligned(a) -> bool:
+    return a.data.ptr % 16 == 0
+
+
+@_on_input_device
+def prepare(x):
+    """A flat float32 array the kernels can read, copying only when needed."""
+    x = x.reshape(-1) if x.flags.c_contiguous else cp.ascontiguousarray(x).reshape(-1)
+    if not aligned(x):
+        x = x.copy()
+    return x
+
+
+def threshold_key(threshold) -> int:
+    """The 31-bit key k with ``|x| >= threshold  <=>  key(x) >= k`` for float32 x.
+
+    Matches NumPy's comparison of a float32 array with the threshold: a
+    Python float / int (weak scalar, NEP 50) is rounded to float32 first; a
+    float64 NumPy scalar or 0-d array compares in float64, which for float32
+    x is the same as comparing with the smallest float32 >= threshold.
+    NaN selects nothing; a threshold <= 0 selects everything.
+    """
+    strong64 = (isinstance(threshold, (np.floating, np.ndarray, cp.ndarray))
+                and np.dtype(threshold.dtype).itemsize > 4)
+    t = float(threshold)
+    if math.isnan(t):
+        return _NOKEY
+    if abs(t) < 3e38:
+        f = np.float32(t)
+    else:
+        with np.errstate(over="ignore"):  # rounds to +-inf (or to +-max) as numpy does
+            f = np.float32(t)
+    if strong64 and float(f) < t:
+        f = np.nextafter(f, np.float32(np.inf))
+    if f <= 0:
+        return 0
+    return int(f.view(np.uint32))
+
+
+def key_to_float(key: int) -> float:
+    return float(np.array(key, dtype=np.uint32).view(np.float32))
+
+
+# --------------------------------------------------------------------------
+# The select launch: cached per-stream workspace, pinned count read-back
+# --------------------------------------------------------------------------
+
+class _Workspace:
+    """Device scratch zeroed per launch with one memset, and a pinned host
+    buffer for read-backs, cached per (device, stream, purpose)."""
+
+    __slots__ = ("buf", "words", "host")
+
+    def __init__(self, words):
+        self.words = words
+        self.buf = cp.empty(words, dtype=cp.uint64)
+        self.host = np.frombuffer(cp.cuda.alloc_pinned_memory(64), dtype=np.uint64, count=8)
+
+
+_WS: dict[tuple[int, int, str], _Workspace] = {}
+
+
+def _workspace(words: int, stream, purpose: str) -> _Workspace:
+    key = (cp.cuda.runtime.getDevice(), stream.ptr, purpose)
+    ws = _WS.get(key)
+    if ws is None or ws.words < words:
+        ws = _WS[key] = _Workspace(max(words, 2 * (ws.words if ws else 0), 1024))
+    return ws
+
+
+def _read_back(ws: _Workspace, dev_ptr: int, nbytes: int, stream):
+    """Copy nbytes (<= 64) from the device to ws.host and wait for them."""
+    cp.cuda.runtime.memcpyAsync(ws.host.ctypes.data, dev_ptr, nbytes,
+                                cp.cuda.runtime.memcpyDeviceToHost, stream.ptr)
+    stream.synchronize()
+    return ws.host
+
+
+def _select(name, a, b, in_idx, n, above_key, tie_key, need, dparams, cap,
+            out_idx, out_val, *, read_total=True):
+    """One launch of a sel_* kernel over n entries of ``a``.
+
+    Returns (#above, #ties) over all n entries when ``read_total`` (this
+    synchronises the stream), else None.  ``dparams``: a device pointer (int)
+    to (above_key, tie_key, need) for the sel_topk* kernels, or None.
+    """
+    fns = _funcs()
+    tile = SEL_THREADS * 4 * (8 if name[-1] == "8" else 4)
+    ntiles = (n + tile - 1) // tile
+    stream = cp.cuda.get_current_stream()
+    ws = _workspace(ntiles, stream, "select")
+    base = ws.buf.data.ptr
+    cp.cuda.runtime.memsetAsync(base, 0, ntiles * 8, stream.ptr)
+    fns[name](
+        (ntiles,), (SEL_THREADS,),
+        (a, _NULL if b is None else b, _NULL if in_idx is None else in_idx,
+         np.int64(n), np.uint32(above_key), np.uint32(tie_key), np.uint32(need),
+         _NULL if dparams is None else np.uint64(dparams), np.uint32(cap), out_idx, out_val,
+         np.uint64(base)))
+    if not read_total:
+        return None
+    s = int(_read_back(ws, base + (ntiles - 1) * 8, 8, stream)[0])
+    if s >> 62 != 2:
+        raise RuntimeError("select kernel left its last tile unfinished (kernel bug)")
+    return (s >> 31) & 0x7FFFFFFF, s & 0x7FFFFFFF
+
+
+def _sel_name(kind: str) -> str:
+    return f"{kind}{8 if SELECT_J == 8 else 4}"
+
+
+# --------------------------------------------------------------------------
+# Threshold selection
+# --------------------------------------------------------------------------
+
+_CAP_HINT: dict[int, int] = {}
+
+
+def _default_cap(n: int) -> int:
+    last = _CAP_HINT.get(n)
+    if last is None:
+        return min(n, max(1 << 16, n >> 4))
+    return min(n, max(1 << 12, 2 * last + 1024))
+
+
+@_on_input_device
+def threshold_select(x, threshold, *, cap: int | None = None):
+    """COO of |x| >= threshold: (int32 indices sorted ascending, values).
+
+    One pass over x.  The output buffer holds ``cap`` entries (default: twice
+    the last count for this size, else n/16); if more are selected the pass
+    is repeated once with the exact size.  Returns views of that buffer.
+    """
+    n = x.size
+    key = threshold_key(threshold)
+    c = n if key == 0 else min(n, cap if cap is not None else _default_cap(n))
+    out_idx, out_val = _empty(c, np.int32), _empty(c, np.float32)
+    total, _ = _select(_sel_name("sel_thr"), x, None, None, n, key, _NOKEY, 0, None, c,
+                       out_idx, out_val)
+    _CAP_HINT[n] = total
+    if total > c:
+        out_idx, out_val = _empty(total, np.int32), _empty(total, np.float32)
+        again, _ = _select(_sel_name("sel_thr"), x, None, None, n, key, _NOKEY, 0, None, total,
+                           out_idx, out_val)
+        assert again == total
+        return out_idx, out_val
+    return out_idx[:total], out_val[:total]
+
+
+@_on_input_device
+def threshold_select_ef(residual, x, threshold, *, cap: int | None = None):
+    """Error-feedback selection in one pass: acc = residual + x; emit |acc| >= t.
+
+    ``residual`` (float32, updated in place) ends holding acc with the
+    emitted entries zeroed.  Reads 8 bytes and writes 4 per element.  If the
+    output buffer overflows, the entries past it stay in the residual and a
+    continuation pass (threshold > 0 there, so emitted zeros are not picked
+    again) selects them from the residual.
+    """
+    n = residual.size
+    key = threshold_key(threshold)
+    c = n if key == 0 else min(n, cap if cap is not None else _default_cap(n))
+    out_idx, out_val = _empty(c, np.int32), _empty(c, np.float32)
+    total, _ = _select(EF_KERNEL, residual, x, None, n, key, _NOKEY, 0, None, c,
+                       out_idx, out_val)
+    _CAP_HINT[n] = total
+    if total <= c:
+        return out_idx[:total], out_val[:total]
+    rest = total - c
+    r_idx, r_val = _empty(rest, np.int32), _empty(rest, np.float32)
+    again, _ = _select("sel_efc4", residual, None, None, n, key, _NOKEY, 0, None, rest,
+                       r_idx, r_val)
+    assert again == rest, (again, rest)
+    return cp.concatenate([out_idx, r_idx]), cp.concatenate([out_val, r_val])
+
+
+# --------------------------------------------------------------------------
+# Exact top-k: radix select on the magnitude bits
+# --------------------------------------------------------------------------
+
+def _hist(src, m, st, hist, shift, nbits, copies):
+    """Launch tk_hist over m keys of src; st and hist are device pointers (int)."""
+    grid = max(1, min((m // 4 + 2 * HIST_THREADS - 1) // (2 * HIST_THREADS), 4 * _sm_count()))
+    _funcs()["tk_hist"](
+        (grid,), (HIST_THREADS,),
+        (src, np.int64(m), np.uint64(st), np.uint64(hist), np.int32(shift), np.int32(nbits),
+         np.int32(copies)),
+        shared_mem=(copies << nbits) * 4)
+
+
+def _find(hist, nbits, shift, st, k, pass_):
+    _funcs()["tk_find"]((1,), (32,), (np.uint64(hist), np.int32(nbits), np.int32(shift),
+                                      np.uint64(st), np.uint32(k), np.int32(pass_)))
+
+
+# radix workspace, in uint32 words: histograms of 2048 + 1024 + 1024 bins, then
+# the state (S_* in the source: prefix, remaining rank, bin count, _, above_key,
+# tie_key, need, error flag)
+_H1, _H2, _H3, _ST, _RADIX_WORDS = 0, 2048, 3072, 4096, 4112
+
+
+def _radix(x, k):
+    """The k-th largest magnitude key of float32 x, found on the device.
+
+    1. Histogram of key bits 30..20 over x (full read), find the bin b1 of
+       the k-th key.  The host reads 3 words: how many keys lie in bins >= b1
+       (m = k - remaining rank + count of b1).
+    2. Ordered compaction of those m entries (index, value) with the select
+       kernel (full read; m is about k plus one bin: a few percent of n).
+    3. Histograms of bits 19..10 and 9..0 over the m candidates only.
+    When the candidates are most of x (heavy ties), step 2 is skipped and
+    step 3 reads x.  Returns (ws, st, src, m, gather): the workspace, the
+    device address of the state (its words 4..6 are the select parameters),
+    the array the final select reads, its length and its original indices
+    (None when src is x).
+    """
+    n = x.size
+    stream = cp.cuda.get_current_stream()
+    ws = _workspace(_RADIX_WORDS // 2, stream, "radix")
+    base = ws.buf.data.ptr
+    st = base + 4 * _ST
+    cp.cuda.runtime.memsetAsync(base, 0, 4 * _RADIX_WORDS, stream.ptr)
+    _hist(x, n, st, base + 4 * _H1, 20, 11, 4)
+    _find(base + 4 * _H1, 11, 20, st, k, 1)
+    w = _read_back(ws, st, 16, stream).view(np.uint32)
+    prefix1, krem, h = int(w[0]), int(w[1]), int(w[2])
+    m = (k - krem) + h
+    if m <= n // 2:
+        ci, cv = _empty(m, np.int32), _empty(m, np.float32)
+        _select(_sel_name("sel_thr"), x, None, None, n, prefix1, _NOKEY, 0, None, m, ci, cv,
+                read_total=False)
+        src, gather = cv, ci
+    else:
+        src, gather, m = x, None, n
+    _hist(src, m, st, base + 4 * _H2, 10, 10, 1)
+    _find(base + 4 * _H2, 10, 10, st, 0, 2)
+    _hist(src, m, st, base + 4 * _H3, 0, 10, 1)
+    _find(base + 4 * _H3, 10, 0, st, 0, 3)
+    return ws, st, src, m, gather
+
+
+@_on_input_device
+def kth_key(x, k: int) -> int:
+    """The k-th largest 31-bit magnitude key of float32 x (1 <= k <= n)."""
+    ws, st, *_ = _radix(x, k)
+    w = _read_back(ws, st, 32, cp.cuda.get_current_stream()).view(np.uint32)
+    if w[7]:
+        raise RuntimeError("radix select lost count of the keys (kernel bug)")
+    return int(w[5])
+
+
+@_on_input_device
+def kth_magnitude(x, k: int) -> float:
+    return key_to_float(kth_key(x, k))
+
+
+@_on_input_device
+def topk_select(x, k: int):
+    """Exact top-k by magnitude, ties to the lowest indices: (idx sorted, values).
+
+    Radix select of the k-th key (two full reads of x, one host read of
+    three words), then one ordered select over the candidates that takes
+    every key above it and the first ``need`` equal to it.  Output size k.
+    """
+    _, st, src, m, gather = _radix(x, k)
+    out_idx, out_val = _empty(k, np.int32), _empty(k, np.float32)
+    _select(_sel_name("sel_topk" if gather is not None else "sel_topkx"), src, None, gather, m,
+            0, 0, 0, st + 16, k, out_idx, out_val, read_total=False)
+    return out_idx, out_val
+
+
+# --------------------------------------------------------------------------
+# Sparse arithmetic
+# --------------------------------------------------------------------------
+
+@_on_input_device
+def segment_sums(sval, starts):
+    """out[s] = np.add.reduceat(sval, starts)[s], bitwise (float32 / float64)."""
+    fns = _funcs()
+    nseg, m = starts.size, sval.size
+    out = _empty(nseg, sval.dtype)
+    starts = starts.astype(cp.int64, copy=False)
+    threads = 256
+    grid = max(1, min((nseg + threads - 1) // threads, 32 * _sm_count()))
+    name = "seg_sum_f32" if sval.dtype == np.float32 else "seg_sum_f64"
+    fns[name]((grid,), (threads,), (sval, starts, np.int64(nseg), np.int64(m), out))
+    return out
+
+
+@_on_input_device
+def scatter_add_sorted(dense, idx, vals):
+    """dense[idx] += vals for non-decreasing idx, each run in input order."""
+    fns = _funcs()
+    m = idx.size
+    threads = 256
+    grid = max(1, min((m + threads - 1) // threads, 32 * _sm_count()))
+    name = "seg_scatter_add_i32" if idx.dtype == np.int32 else "seg_scatter_add_i64"
+    fns[name]((grid,), (threads,), (dense, np.int64(dense.size), idx, vals, np.int64(m)))
+    return dense
+
+
+_COUNT_GE = None
+
+
+@_on_input_device
+def count_at_least(x, key: int) -> int:
+    """#{i : key(x_i) >= key}: one read, no temporary (float32 x)."""
+    global _COUNT_GE
+    if _COUNT_GE is None:
+        _COUNT_GE = cp.ReductionKernel(
+            "float32 x, uint32 kmin", "int64 y",
+            "((__float_as_uint(x) & 0x7fffffffu) >= kmin) ? 1 : 0",
+            "a + b", "y = a", "0", "tk_count_ge")
+    return int(_COUNT_GE(x, np.uint32(key)))

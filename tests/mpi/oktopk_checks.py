@@ -1,0 +1,230 @@
+"""Ok-Topk specific checks, run under ``mpiexec -n P`` (launched by tests/test_oktopk.py).
+
+Cases (all by default; ``--cases a,b`` to pick):
+  global-kth     the distributed radix select equals the k-th largest of the
+                 gathered values (ties, fewer than k values, empty ranks).
+  boundaries     boundaries identical on every rank, and the regions carry
+                 about the same number of selected values on skewed data
+                 where equal-length regions would not.
+  refresh        exact thresholds exactly at calls t with t % tau' == 0: the
+                 local threshold then equals the k-th |acc|, the global one is
+                 searched (its phase appears) only then.
+  hot            all ranks' values in one region: payload per rank within
+                 6k(P-1)/P words every call; conservation; identical outputs.
+  stale          the hot region jumps after the boundaries were fixed (tau
+                 large, rebalancing off): the reduce quotas hold the owner
+                 to Q, the payload stays within 6k(P-1)/P words, nothing lost.
+Exits non-zero (aborting the job) on the first failure.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import traceback
+import zlib
+
+import numpy as np
+from mpi4py import MPI
+
+import kernels
+from collectives import MPICommunicator, OkTopk
+from collectives._oktopk import _budgets, _global_kth
+
+WORLD = MPI.COMM_WORLD
+RANK, P = WORLD.Get_rank(), WORLD.Get_size()
+
+
+def check(cond, msg):
+    if not cond:
+        raise AssertionError(msg)
+
+
+def identical(out) -> bool:
+    h = zlib.crc32(np.ascontiguousarray(out).view(np.uint8))
+    return len(set(WORLD.allgather(h))) == 1
+
+
+def payload(traffic):
+    """Bytes sent / received in comm:* phases (values and indices, no counts)."""
+    s = sum(c.bytes_sent for p, c in traffic.phases.items() if p.startswith("comm"))
+    r = sum(c.bytes_recv for p, c in traffic.phases.items() if p.startswith("comm"))
+    return s, r
+
+
+def sum64(x):
+    out = np.empty(x.size, np.float64)
+    WORLD.Allreduce(np.ascontiguousarray(x, np.float64), out, op=MPI.SUM)
+    return out
+
+
+def case_global_kth(rng):
+    comm = MPICommunicator(WORLD)
+    for trial in range(12):
+        m = int(rng.integers(0, 50)) if trial % 3 else (0 if RANK % 2 else 40)
+        if trial % 4 == 1:          # many ties
+            v = rng.integers(1, 4, m).astype(np.float32)
+        else:
+            v = np.abs(rng.standard_t(2, m)).astype(np.float32) + np.float32(1e-6)
+        dtype = np.float64 if trial % 5 == 4 else np.float32
+        v = v.astype(dtype)
+        allv = np.concatenate(WORLD.allgather(v))
+        for k in (1, 3, max(1, allv.size // 2), allv.size, allv.size + 5):
+            got = _global_kth(comm, v, k)
+            if allv.size == 0:
+                want = 0.0
+            else:
+                want = float(np.sort(allv)[::-1][min(k, allv.size) - 1])
+            check(got == want, f"global k-th: k={k} m={allv.size} got {got} want {want}")
+
+
+def case_boundaries(rng):
+    comm = MPICommunicator(WORLD)
+    n, density = 1 << 16, 0.01
+    algo = OkTopk(comm, tau=4, tau_prime=4)
+    ramp = (1.0 + 30.0 * (np.arange(n) / n) ** 6).astype(np.float32)  # selections cluster at the end
+    for it in range(12):
+        x = (rng.standard_normal(n).astype(np.float32) * ramp)
+        out = algo(x, name="t", density=density)
+        check(identical(out), "outputs differ across ranks")
+        st = algo.state("t")
+        b = st.boundaries
+        check(len(set(WORLD.allgather(tuple(b)))) == 1, f"boundaries differ across ranks: {b}")
+        check(b[0] == 0 and b[-1] == n and all(u <= v for u, v in zip(b, b[1:])),
+              f"boundaries not a partition of [0, n): {b}")
+        if P > 1 and algo.last_stats.get("boundaries_refreshed"):
+            # region load = what its owner reduces: received + its own selections
+            load = np.array(WORLD.allgather(algo.last_stats["reduce_recv"][RANK]
+                                            + algo.last_stats["own"]), dtype=float)
+            mean = load.mean()
+            check(load.max() <= 1.25 * mean + 20 and load.min() >= 0.75 * mean - 20,
+                  f"regions unbalanced at refresh (it {it}): loads {load.tolist()}")
+            # equal-length regions would put most of the selections in the last one
+            sel = np.flatnonzero(np.abs(x) >= kernels.kth_magnitude(x, st.k))
+            eq = np.bincount(np.searchsorted(kernels.region_bounds(n, P)[1:-1], sel, "right"),
+                             minlength=P)
+            if RANK == 0 and P >= 3:
+                check(eq.max() > 1.5 * eq.mean(), "test data not skewed enough to mean anything")
+
+
+def case_refresh(rng):
+    comm = MPICommunicator(WORLD)
+    n, density, tp = 20000, 0.01, 4
+    algo = OkTopk(comm, tau=64, tau_prime=tp)
+    k = kernels.k_from_density(n, density)
+    for it in range(13):
+        x = rng.standard_t(2, n).astype(np.float32)
+        st = algo.states.get("t")
+        acc = x + (st.residual if st is not None else 0)
+        exact = kernels.kth_magnitude(acc, k)
+        algo(x, name="t", density=density)
+        stats = algo.last_stats
+        searched = "control:global-threshold" in algo.last_traffic.phases or P == 1
+        if it % tp == 0:
+            check(stats["refresh"], f"no refresh at call {it}")
+            check(stats["local_threshold"] == exact,
+                  f"call {it}: local threshold {stats['local_threshold']} != exact {exact}")
+            if P > 1:
+                check(searched, f"call {it}: global threshold not searched at a refresh")
+        else:
+            check(not stats["refresh"], f"refresh at call {it}, tau'={tp}")
+            if P > 1:
+                check("control:global-threshold" not in algo.last_traffic.phases,
+                      f"call {it}: global threshold searched between refreshes")
+
+
+def _run_bounded(algo, xs_fn, iters, density, n, label):
+    k = kernels.k_from_density(n, density)
+    words = 6 * k * (P - 1) / P
+    Q, _ = _budgets(P, k)
+    cum_in = np.zeros(n)
+    cum_out = np.zeros(n)
+    cum_abs = np.zeros(n)
+    owner_max = []
+    for it in range(iters):
+        x = xs_fn(it)
+        out = algo(x, name="t", density=density)
+        check(identical(out), f"{label}: outputs differ across ranks (it {it})")
+        s, r = payload(algo.last_traffic)
+        if k >= P:
+            check(s <= 4 * words and r <= 4 * words,
+                  f"{label} it {it}: payload sent {s} recv {r} B > 6k(P-1)/P words = {4 * words:.0f} B")
+        tot = algo.last_traffic.total()
+        bound = OkTopk.traffic_bound(n, P, k, 4)
+        check(tot.bytes_sent <= bound and tot.bytes_recv <= bound,
+              f"{label} it {it}: total {tot.bytes_sent}/{tot.bytes_recv} > traffic_bound {bound}")
+        owner_max.append(max(algo.last_stats["reduce_recv"]))
+        check(owner_max[-1] <= Q, f"{label} it {it}: an owner received {owner_max[-1]} > Q={Q}")
+        cum_in += x
+        cum_out += out
+        cum_abs += np.abs(x)
+    lhs = cum_out + sum64(algo.state("t").residual)
+    rhs = sum64(cum_in)
+    tol = 16 * iters * P * np.finfo(np.float32).eps * sum64(cum_abs) + 1e-30
+    check(bool((np.abs(lhs - rhs) <= tol).all()), f"{label}: conservation broken")
+    return owner_max
+
+
+def case_hot(rng):
+    comm = MPICommunicator(WORLD)
+    for n, density in ((1 << 16, 0.01), (1 << 14, 0.05), (4103, 0.001)):
+        algo = OkTopk(comm)
+        lo, hi = n // 3, n // 3 + max(1, n // 10)
+
+        def xs(it):
+            x = rng.standard_normal(n).astype(np.float32) * 1e-3
+            x[lo:hi] = rng.standard_normal(hi - lo) * 10
+            return x
+
+        _run_bounded(algo, xs, 10, density, n, f"hot n={n}")
+
+
+def case_stale(rng):
+    comm = MPICommunicator(WORLD)
+    n, density = 1 << 16, 0.01
+    algo = OkTopk(comm, tau=10**6, tau_prime=3, rebalance=math.inf)
+    width = n // 20
+
+    def xs(it):
+        x = rng.standard_normal(n).astype(np.float32) * 1e-3
+        lo = 0 if it == 0 else n - width      # boundaries fitted to [0, width), then it moves
+        x[lo:lo + width] = rng.standard_normal(width) * 10
+        return x
+
+    owner_max = _run_bounded(algo, xs, 8, density, n, "stale")
+    if P > 1:
+        # the jump sends everyone's values to the last region's owner: the quota must bite
+        Q = _budgets(P, kernels.k_from_density(n, density))[0]
+        check(max(owner_max[1:]) == Q, f"quota never reached (Q={Q}): {owner_max}")
+
+
+CASES = {"global-kth": case_global_kth, "boundaries": case_boundaries, "refresh": case_refresh,
+         "hot": case_hot, "stale": case_stale}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--seed", type=int, default=None)
+    args = ap.parse_args(argv)
+    seed = WORLD.bcast(args.seed if args.seed is not None else int(np.random.SeedSequence().entropy % 2**32), 0)
+    current = ""
+    try:
+        for name in args.cases.split(","):
+            current = name
+            CASES[name](np.random.default_rng([seed, RANK]))
+            if RANK == 0:
+                print(f"  {name} ok", flush=True)
+    except Exception:
+        sys.stderr.write(f"[rank {RANK}] FAILED {current} (P={P}, seed={seed})\n"
+                         + traceback.format_exc())
+        sys.stderr.flush()
+        WORLD.Abort(1)
+        return 1
+    if RANK == 0:
+        print(f"oktopk checks P={P}: all passed", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,200 @@
+"""PyTorch integration checks, run under ``mpiexec -n P`` (launched by
+tests/test_torch_integration.py).
+
+Cases (all by default; ``--cases a,b`` to pick):
+  optimizer   autotune.torch.DistributedOptimizer, no torch.distributed: for
+              every algorithm (dense, the sparse ones, auto), flat and
+              per-layer, a few SGD-with-momentum steps on different data per
+              rank; the SHA-256 of all parameters is identical on every rank,
+              the parameters moved, and warm-up/sparse steps are counted.
+              With ``dense`` the result equals one process training on the
+              whole global batch (the average over ranks is the global mean).
+  ddp         DistributedDataParallel (gloo on the MPI ranks: rank 0 picks a
+              free port and broadcasts it) with autotune.torch.allreduce_hook,
+              several buckets; identical parameters on every rank for every
+              algorithm, and with ``dense`` the same parameters as DDP's own
+              allreduce.
+  broadcast   broadcast_parameters makes differently initialized replicas
+              (parameters and buffers) equal to rank 0's.
+Exits non-zero (aborting the job) on the first failure.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import traceback
+
+import numpy as np
+import torch
+from torch import nn
+
+import autotune
+import autotune.torch as at
+from collectives import ALGORITHMS
+
+COMM = autotune.init()
+RANK, P = COMM.rank, COMM.size
+SPARSE = [a for a in ("gtopk", "topka", "oktopk", "topka2a") if a in ALGORITHMS]
+STEPS = 4
+LOCAL_B = 3
+
+
+def check(cond, msg):
+    if not cond:
+        raise AssertionError(msg)
+
+
+def all_digests(model, buffers: bool = False) -> list[str]:
+    d = at.state_digest(model, buffers=buffers)
+    return [COMM.bcast_obj(d if RANK == r else None, r) for r in range(P)]
+
+
+class WithUnused(nn.Module):
+    """A model one of whose parameters gets no gradient (grad stays None)."""
+
+    def __init__(self, body):
+        super().__init__()
+        self.body = body
+        self.unused = nn.Linear(2, 2)
+
+    def forward(self, x):
+        return self.body(x)
+
+
+def model_fn(seed: int = 0, unused: bool = False) -> nn.Module:
+    torch.manual_seed(seed)
+    body = nn.Sequential(nn.Linear(12, 32), nn.Tanh(), nn.Linear(32, 16), nn.BatchNorm1d(16),
+                         nn.ReLU(), nn.Linear(16, 3))
+    return WithUnused(body) if unused else body
+
+
+def max_diff(p, q) -> float:
+    return float((p.detach() - q.detach()).abs().max())
+
+
+def batch(step: int, rank: int):
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    return torch.randn(LOCAL_B, 12, generator=g), torch.randint(0, 3, (LOCAL_B,), generator=g)
+
+
+def loss_fn(net, x, y):
+    return nn.functional.cross_entropy(net(x), y)
+
+
+def case_optimizer() -> int:
+    n = 0
+    for algorithm in ["dense", "auto", *SPARSE]:
+        for flat in (True, False):
+            model = model_fn(seed=RANK, unused=True)  # different start on purpose:
+            at.broadcast_parameters(model)       # broadcast must fix it
+            start = at.state_digest(model)
+            opt = at.DistributedOptimizer(
+                torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                named_parameters=model.named_parameters(), algorithm=algorithm,
+                density=0.05, flat=flat, warmup_steps=1, prefix=f"opt.{algorithm}.{flat}")
+            for step in range(STEPS):
+                x, y = batch(step, RANK)
+                opt.zero_grad()
+                loss_fn(model, x, y).backward()
+                opt.step()
+            digests = all_digests(model)
+            check(len(set(digests)) == 1,
+                  f"optimizer {algorithm} flat={flat}: replicas differ: {digests}")
+            check(digests[0] != start, f"optimizer {algorithm} flat={flat}: nothing moved")
+            st = opt.sparse_sgd
+            check(st.step == STEPS and st.dense_steps == 1 and st.sparse_steps == STEPS - 1,
+                  f"optimizer {algorithm}: step counts {st.stats()}")
+            if algorithm == "dense":
+                ref = model_fn(seed=0, unused=True)
+                ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+                for step in range(STEPS):
+                    xs, ys = zip(*(batch(step, r) for r in range(P)))
+                    # the global batch's mean loss = the mean over ranks of local means;
+                    # BatchNorm normalizes per rank, so apply it per shard too
+                    ref_opt.zero_grad()
+                    sum(loss_fn(ref, x, y) for x, y in zip(xs, ys)).div(P).backward()
+                    ref_opt.step()
+                for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+                    check(torch.allclose(p, q, rtol=1e-4, atol=1e-6),
+                          f"optimizer dense flat={flat}: {name} differs from the "
+                          f"single-process global-batch run by {max_diff(p, q):.3g}")
+            n += 1
+    return n
+
+
+def case_ddp() -> int:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    at.init_process_group("gloo")
+    n = 0
+    finals = {}
+    for algorithm in ["default", "dense", "auto", *SPARSE]:
+        model = model_fn(seed=RANK)            # DDP broadcasts rank 0's at construction
+        net = DDP(model, bucket_cap_mb=0.001)  # ~1 KB buckets: several per step
+        state = None
+        if algorithm != "default":
+            state = at.HookState(algorithm=algorithm, density=0.05, warmup_steps=1,
+                                 prefix=f"ddp.{algorithm}")
+            net.register_comm_hook(state, at.allreduce_hook)
+        opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+        for step in range(STEPS):
+            x, y = batch(step, RANK)
+            opt.zero_grad()
+            loss_fn(net, x, y).backward()
+            opt.step()
+        digests = all_digests(model)
+        check(len(set(digests)) == 1, f"ddp {algorithm}: replicas differ: {digests}")
+        if state is not None:
+            check(state.sgd.step == STEPS and state.sgd.sparse_steps == STEPS - 1,
+                  f"ddp {algorithm}: step counts {state.sgd.stats()}")
+        finals[algorithm] = [p.detach().clone() for p in model.parameters()]
+        n += 1
+    for p, q in zip(finals["default"], finals["dense"]):
+        check(torch.allclose(p, q, rtol=1e-4, atol=1e-6),
+              f"ddp: the dense hook differs from DDP's allreduce by {max_diff(p, q):.3g}")
+    return n
+
+
+def case_broadcast() -> int:
+    model = model_fn(seed=100 + RANK)
+    model.train()
+    model(torch.randn(5, 12) * (RANK + 1))   # BatchNorm running stats differ per rank
+    at.broadcast_parameters(model)
+    check(len(set(all_digests(model, buffers=True))) == 1,
+          "broadcast_parameters left replicas different")
+    t = torch.arange(6, dtype=torch.float32).reshape(2, 3).t() * (RANK + 1)  # non-contiguous
+    at.broadcast_parameters([("t", t)])
+    check(torch.equal(t, torch.arange(6, dtype=torch.float32).reshape(2, 3).t()),
+          "broadcast_parameters: non-contiguous tensor not broadcast")
+    return 2
+
+
+CASES = {"optimizer": case_optimizer, "ddp": case_ddp, "broadcast": case_broadcast}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cases", default=",".join(CASES))
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    total = 0
+    for name in args.cases.split(","):
+        try:
+            done = CASES[name]()
+        except Exception:
+            sys.stdout.flush()
+            print(f"[rank {RANK}] torch_checks case {name} FAILED at P={P}:", file=sys.stderr)
+            traceback.print_exc()
+            sys.stderr.flush()
+            COMM.comm.Abort(1)
+            return 1
+        total += done
+        if RANK == 0:
+            print(f"  {name:10s} ok ({done} runs)", flush=True)
+    if RANK == 0:
+        print(f"torch_checks P={P}: {total} cases passed", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,292 @@
+"""autotune profile / show / plot, and the Profile record's validation.
+
+One real profile is measured under mpiexec at P=2 with the test-only plan
+``--sizes tiny`` (a few seconds) and shared by the tests of this module.
+"""
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from autotune import profiler
+from autotune.profile import (
+    PRIMITIVES,
+    Profile,
+    ProfileError,
+    concurrency,
+    local_fingerprint,
+    model_terms,
+)
+from collectives import ALGORITHMS
+
+ROOT = Path(__file__).resolve().parent.parent
+SHIPPED = sorted((ROOT / "profiles").glob("*.json"))
+
+
+def cli(*args, check_rc=0):
+    p = subprocess.run([sys.executable, "-m", "autotune.cli", *args], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    if check_rc is not None:
+        assert p.returncode == check_rc, (p.stdout, p.stderr)
+    return p
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory):
+    """A real tiny profile, P=2, under mpiexec."""
+    from conftest import run_mpi
+
+    out = tmp_path_factory.mktemp("prof") / "p2.json"
+    stdout = run_mpi(2, "autotune.cli", "profile", "--sizes", "tiny", "--out", str(out),
+                     "--network", "shm-test", timeout=300)
+    assert "wrote" in stdout
+    return out
+
+
+# -- a real measurement ------------------------------------------------------------
+@pytest.mark.mpi
+def test_profile_under_mpi_has_every_part(measured):
+    prof = Profile.load(measured)
+    d = prof.data
+    assert d["source"] == "measured" and d["fingerprint"]["P"] == 2
+    assert d["fingerprint"]["network"] == "shm-test"
+    assert d["fingerprint"]["mpi_library"]
+    assert set(d["primitives"]) == set(PRIMITIVES)
+    for name, rec in d["primitives"].items():
+        assert rec["alpha_s"] >= 0 and rec["beta_s_per_byte"] >= 0, name
+        assert rec["heldout_median_rel_err"] is not None, name
+        assert any(s["heldout"] for s in rec["samples"]) and len(rec["samples"]) >= 6
+        assert all(len(s["times_s"]) >= 3 for s in rec["samples"])
+    ran = {r["algorithm"] for r in d["runs"]} | {s["algorithm"] for s in d["skipped"]}
+    assert ran == set(ALGORITHMS)  # the registry is iterated, new algorithms included
+    for r in d["runs"]:
+        assert r["P"] == 2 and r["median_s"] > 0 and r["times_s"]
+        assert r["bytes_sent_max"] > 0 and r["split_s"]
+        assert (r["density"] is None) == (not ALGORITHMS[r["algorithm"]].lossy)
+    for k in ("topk", "threshold", "reduce"):
+        assert d["compute"][k]["c1_s_per_elem"] > 0
+    assert d["xi"]["source"] == "training" and d["xi"]["median"] is not None
+    assert 0 <= d["xi"]["median"] < 2
+
+
+@pytest.mark.mpi
+def test_round_trip(measured, tmp_path):
+    prof = Profile.load(measured)
+    again = tmp_path / "again.json"
+    prof.save(again)
+    back = Profile.load(again)
+    assert back.data == json.loads(measured.read_text())
+    assert back.predict("allreduce", 1 << 20) == pytest.approx(prof.predict("allreduce", 1 << 20))
+
+
+@pytest.mark.mpi
+def test_show(measured):
+    out = cli("show", str(measured)).stdout
+    for word in ("alpha us", "beta GB/s", "busbw", "held-out", "topk", "ns/elem", "xi",
+                 "fastest algorithm", "Open MPI"):
+        assert word in out, word
+
+
+@pytest.mark.mpi
+def test_plot(measured, tmp_path):
+    pytest.importorskip("matplotlib")
+    out = cli("plot", str(measured), "--outdir", str(tmp_path)).stdout
+    for name in ("fits.png", "algorithms.png", "compute.png"):
+        f = tmp_path / name
+        assert f.exists() and f.stat().st_size > 10_000 and name in out
+        assert f.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_profile_needs_two_ranks():
+    p = cli("profile", "--sizes", "tiny", "--out", "/dev/null", check_rc=2)
+    assert "at least 2 ranks" in p.stderr and "Traceback" not in p.stderr
+
+
+# -- validation: one clear message per problem ---------------------------------------
+def _valid() -> dict:
+    return json.loads(SHIPPED[0].read_text()) if SHIPPED else pytest.skip("no shipped profile")
+
+
+def _bad_cases(tmp_path):
+    good = _valid()
+    text = json.dumps(good, indent=1)
+    cases = {}
+
+    def put(name, content):
+        p = tmp_path / f"{name}.json"
+        p.write_text(content)
+        cases[name] = p
+
+    put("corrupt", text.replace('"schema"', "schema", 1))
+    put("truncated", text[: len(text) // 2])
+    put("empty", "")
+    wrong = copy.deepcopy(good)
+    wrong["schema"] = "something-else"
+    put("schema", json.dumps(wrong))
+    newer = copy.deepcopy(good)
+    newer["version"] = 99
+    put("version", json.dumps(newer))
+    missing = copy.deepcopy(good)
+    del missing["primitives"]["allreduce"]["beta_s_per_byte"]
+    put("missing", json.dumps(missing))
+    typed = copy.deepcopy(good)
+    typed["fingerprint"]["P"] = "four"
+    put("type", json.dumps(typed))
+    neg = copy.deepcopy(good)
+    neg["primitives"]["p2p"]["alpha_s"] = -1.0
+    put("negative", json.dumps(neg))
+    nan = text.replace(f'"alpha_s": {json.dumps(good["primitives"]["p2p"]["alpha_s"])}',
+                       '"alpha_s": NaN', 1)
+    put("nan", nan)
+    return cases
+
+
+EXPECT = {
+    "corrupt": "not valid JSON",
+    "truncated": "truncated",
+    "empty": "empty file",
+    "schema": "not an autotune profile",
+    "version": "newer than this autotune",
+    "missing": "missing field 'primitives.allreduce.beta_s_per_byte'",
+    "type": "field 'fingerprint.P' should be an integer",
+    "negative": "must be >= 0",
+    "nan": "non-finite",
+}
+
+
+@pytest.mark.parametrize("case", sorted(EXPECT))
+def test_bad_profile_gives_one_clear_error(tmp_path, case):
+    path = _bad_cases(tmp_path)[case]
+    with pytest.raises(ProfileError) as exc:
+        Profile.load(path)
+    msg = str(exc.value)
+    assert msg.startswith(str(path)) and EXPECT[case] in msg, msg
+    assert "\n" not in msg
+    p = cli("show", str(path), check_rc=2)
+    assert "Traceback" not in p.stderr
+    assert p.stderr.count("\n") == 1 and EXPECT[case] in p.stderr
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ProfileError, match="no such file"):
+        Profile.load(tmp_path / "nope.json")
+
+
+def test_foreign_profile_warns_or_fails(tmp_path):
+    data = _valid()
+    data["fingerprint"]["cpu_model"] = "Some Other CPU 9000"
+    data["fingerprint"]["mpi_library"] = "Cray MPICH 7.7.16"
+    path = tmp_path / "foreign.json"
+    path.write_text(json.dumps(data))
+    here = {"cpu_model": "AMD EPYC", "mpi_library": "Open MPI v5.0.11"}
+    prof = Profile.load(path, current=here)
+    assert any("cpu_model" in d for d in prof.foreign)
+    with pytest.raises(ProfileError, match="from another machine: cpu_model"):
+        Profile.load(path, current=here, strict=True)
+    p = cli("show", str(path))  # a warning, not an error
+    assert "warning" in p.stderr and "another machine" in p.stderr
+    assert cli("show", "--strict", str(path), check_rc=2).stderr.count("\n") == 1
+
+
+def test_same_machine_is_not_foreign():
+    current = local_fingerprint()
+    for f in SHIPPED:
+        prof = Profile.load(f, current=current)
+        if prof.data["source"] == "measured" and prof.fingerprint["cpu_model"] == current["cpu_model"]:
+            assert prof.foreign == [] or all("mpi_library" in d for d in prof.foreign)
+
+
+# -- shipped profiles ----------------------------------------------------------------
+@pytest.mark.parametrize("path", SHIPPED, ids=[p.name for p in SHIPPED])
+def test_shipped_profiles_load(path):
+    assert path.stat().st_size < 300_000
+    prof = Profile.load(path)
+    assert set(prof.primitives) >= {"p2p", "allgather", "allreduce"}
+    for name, rec in prof.primitives.items():
+        assert prof.predict(name, 1 << 20) > 0
+    if prof.data["source"] == "published":
+        for name, rec in prof.primitives.items():
+            assert rec.get("sources"), f"{name}: every published number names its source"
+
+
+def test_shipped_set():
+    names = {p.name for p in SHIPPED}
+    assert {"piz_daint.json", "cpu_shm_p4.json", "cpu_tcp1gbit_p4.json"} <= names
+    daint = Profile.load(ROOT / "profiles" / "piz_daint.json")
+    assert daint.data["source"] == "published"
+    assert "P100" in daint.fingerprint["gpu_model"]
+
+
+# -- the pieces ----------------------------------------------------------------------
+def test_fit_recovers_alpha_beta():
+    rng = np.random.default_rng(0)
+    P, a, b = 4, 3e-6, 2e-10
+    m = 2.0 ** np.arange(2, 26)
+    A, B = model_terms("allreduce", P)
+    t = (a * A + b * m * B) * (1 + 0.03 * rng.standard_normal(m.size))
+    (fa, fb), (ea, eb) = profiler.fit_linear(np.c_[np.full(m.size, A), m * B], t)
+    assert fa == pytest.approx(a, rel=0.1) and fb == pytest.approx(b, rel=0.05)
+    assert 0 < ea < a and 0 < eb < b
+
+
+def test_fit_never_negative():
+    m = 2.0 ** np.arange(2, 20)
+    (fa, fb), (ea, _) = profiler.fit_linear(np.c_[np.ones(m.size), m], 1e-9 * (m - 1))
+    assert fa == 0.0 and ea is None and fb == pytest.approx(1e-9, rel=0.2)
+
+
+def test_heldout_mask_keeps_the_ends_in_the_fit():
+    mask = profiler.heldout_mask(11)
+    assert not mask[0] and not mask[-1] and sum(mask) == 3
+
+
+def test_concurrency_shared_medium():
+    # every rank's bytes cross the one shared link
+    assert concurrency("allgather", 4) == 4 and concurrency("allreduce", 4) == 4
+    assert concurrency("p2p", 4) == 4 and concurrency("bcast", 4) == 1.5
+
+
+def test_assumption1_gap():
+    rng = np.random.default_rng(0)
+    same = np.tile(rng.standard_normal(100).astype(np.float32), (4, 1))
+    gap, sel, _ = profiler.assumption1_gap(same, 10)
+    assert gap == 0 and sel.size == 10  # identical ranks: local top-k is global top-k
+    # one rank's large entry is cut locally elsewhere: the two sides differ
+    accs = np.zeros((2, 6), np.float32)
+    accs[0] = [5, 4, 0, 0, 0, 0]
+    accs[1] = [0, 4, 3, 0, 0, 0]
+    gap, sel, _ = profiler.assumption1_gap(accs, 1)
+    # mean = [2.5, 4, 1.5]: exact top-1 picks index 1 (4.0); local top-1's are
+    # 5@0 and 4@1, their mean [2.5, 2, 0] picks index 0 (2.5)
+    assert gap == pytest.approx(np.hypot(4.0, 2.5)) and list(sel) == [0]
+
+
+def test_gradient_snapshots(tmp_path):
+    rng = np.random.default_rng(1)
+    for step in range(3):
+        np.save(tmp_path / f"step{step:03d}.npy", rng.standard_t(2, (4, 500)).astype(np.float32))
+    snaps = profiler.load_gradient_dir(tmp_path)
+    xi = profiler.xi_from_files(snaps, [0.01, 0.1])
+    assert xi["source"] == "gradients" and len(xi["samples"]["0.01"]) == 3
+    assert xi["median"] > 0
+    np.save(tmp_path / "zbad.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    with pytest.raises(profiler.ProfilerError, match="without pickle"):
+        profiler.load_gradient_dir(tmp_path)
+    (tmp_path / "zbad.npy").unlink()
+    np.save(tmp_path / "zflat.npy", np.ones(10, np.float32))
+    with pytest.raises(profiler.ProfilerError, match="2-D"):
+        profiler.load_gradient_dir(tmp_path)
+
+
+def test_plot_without_matplotlib_says_how_to_install(monkeypatch, capsys, tmp_path):
+    from autotune import cli as cli_mod
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import fails
+    rc = cli_mod.main(["plot", str(ROOT / "profiles" / "piz_daint.json"), "--outdir", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "pip install" in err and "[plot]" in err
+    assert not list(tmp_path.iterdir())

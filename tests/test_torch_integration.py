@@ -1,0 +1,192 @@
+"""PyTorch integration (autotune.torch) and the framework-neutral core (autotune.training).
+
+In-process tests (P = 1) cover the wrappers' contracts; the MPI runner
+tests/mpi/torch_checks.py trains a few steps at P = 2 and 3 with the DDP
+hook and with DistributedOptimizer and checks that every rank's parameters
+stay bitwise identical (SHA-256 of all parameters compared across ranks).
+Tests that need torch skip cleanly without it.
+"""
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from autotune.training import SparseSGD
+
+
+def test_importing_autotune_does_not_import_torch():
+    code = ("import sys, autotune, autotune.training, collectives; "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# -- the core, numpy, one process ------------------------------------------------------
+def test_sparse_sgd_refuses_bad_configuration():
+    with pytest.raises(ValueError, match="registered"):
+        SparseSGD(algorithm="nope")
+    with pytest.raises(ValueError, match="density"):
+        SparseSGD(algorithm="gtopk", density=0.0)
+    with pytest.raises(ValueError, match="warmup"):
+        SparseSGD(algorithm="gtopk", warmup_steps=-1)
+
+
+@pytest.mark.parametrize("flat", [True, False])
+def test_sparse_sgd_warmup_then_sparse_conserves_mass(flat):
+    """At P = 1 the average is the input during warm-up; afterwards the sparse
+    algorithm sends part of it and keeps the rest: outputs + residual = inputs."""
+    rng = np.random.default_rng(0)
+    sgd = SparseSGD(algorithm="topka", density=0.1, warmup_steps=2, flat=flat,
+                    prefix=f"core.{flat}")
+    total_in = {"w": np.zeros((4, 5)), "b": np.zeros(5)}
+    total_out = {"w": np.zeros((4, 5)), "b": np.zeros(5)}
+    for step in range(6):
+        w = rng.standard_normal((4, 5)).astype(np.float32)
+        b = rng.standard_normal(5).astype(np.float32)
+        orig = {"w": w.copy(), "b": b.copy()}
+        assert sgd.current_algorithm == ("dense" if step < 2 else "topka")
+        sgd.synchronize([("w", w), ("b", b)])
+        if step < 2:
+            np.testing.assert_array_equal(w, orig["w"])
+        else:
+            assert np.count_nonzero(w) + np.count_nonzero(b) < 25
+        for k, g in (("w", w), ("b", b)):
+            total_in[k] += orig[k]
+            total_out[k] += g
+    assert (sgd.step, sgd.dense_steps, sgd.sparse_steps) == (6, 2, 4)
+    import autotune
+
+    algo = autotune.algorithm_instance("topka")
+    if flat:
+        res = algo.state(f"core.{flat}.flat.float32").residual
+        res = {"w": res[:20].reshape(4, 5), "b": res[20:]}
+    else:
+        res = {k: algo.state(f"core.{flat}.{k}").residual.reshape(total_in[k].shape)
+               for k in total_in}
+    for k in total_in:
+        np.testing.assert_allclose(total_out[k] + res[k], total_in[k], rtol=1e-5, atol=1e-5)
+
+
+def test_sparse_sgd_flat_layout_must_not_change():
+    sgd = SparseSGD(algorithm="dense", prefix="layout")
+    sgd.synchronize([("a", np.ones(3, np.float32))])
+    with pytest.raises(ValueError, match="differ from the first step"):
+        sgd.synchronize([("a", np.ones(4, np.float32))])
+    with pytest.raises(ValueError, match="unique"):
+        sgd.synchronize([("a", np.ones(3, np.float32)), ("a", np.ones(3, np.float32))])
+
+
+# -- torch, one process ------------------------------------------------------------------
+def test_distributed_optimizer_wraps_and_schedulers_work():
+    torch = pytest.importorskip("torch")
+    import autotune.torch as at
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    base = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    opt = at.DistributedOptimizer(base, named_parameters=model.named_parameters(),
+                                  algorithm="gtopk", density=0.5, warmup_steps=1, prefix="p1")
+    assert isinstance(opt, torch.optim.SGD) and type(opt).__name__ == "SGD"
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    before = at.state_digest(model)
+    for _ in range(3):
+        opt.zero_grad()
+        model(torch.randn(5, 4)).sum().backward()
+        opt.step()
+        sched.step()
+    assert at.state_digest(model) != before
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.1 * 0.5 ** 3)
+    assert opt.sparse_sgd.stats()["sparse_steps"] == 2
+    assert opt.state_dict()["state"], "momentum buffers live in the wrapped optimizer's state"
+    with pytest.raises(ValueError, match="already"):
+        at.DistributedOptimizer(opt)
+
+
+def test_distributed_optimizer_needs_every_parameter_named():
+    torch = pytest.importorskip("torch")
+    import autotune.torch as at
+
+    a, b = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD(list(a.parameters()) + list(b.parameters()), lr=0.1)
+    with pytest.raises(ValueError, match="not in named_parameters"):
+        at.DistributedOptimizer(opt, named_parameters=a.named_parameters())
+    dup = [("w", p) for p in a.parameters()]
+    with pytest.raises(ValueError, match="duplicate"):
+        at.DistributedOptimizer(torch.optim.SGD(a.parameters(), lr=0.1), named_parameters=dup)
+
+
+def test_synchronize_then_step_reduces_once():
+    torch = pytest.importorskip("torch")
+    import autotune.torch as at
+
+    model = torch.nn.Linear(3, 1)
+    opt = at.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                  named_parameters=model.named_parameters(), prefix="p2")
+    model(torch.randn(2, 3)).sum().backward()
+    opt.synchronize()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    assert opt.sparse_sgd.step == 1
+
+
+def test_hook_signature_accepted_by_ddp_checks():
+    torch = pytest.importorskip("torch")
+    import inspect
+
+    import autotune.torch as at
+
+    sig = inspect.signature(at.allreduce_hook)
+    assert sig.return_annotation == torch.futures.Future[torch.Tensor]
+    with pytest.raises(ValueError, match="registered"):
+        at.HookState(algorithm="nope")
+
+
+# -- under mpiexec -----------------------------------------------------------------------
+@pytest.mark.mpi
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_ddp_hook_keeps_replicas_identical(mpirun, nprocs):
+    """DDP (gloo on the MPI ranks) + allreduce_hook, every algorithm, several buckets."""
+    pytest.importorskip("torch")
+    out = mpirun(nprocs, "tests.mpi.torch_checks", "--cases", "ddp", timeout=120)
+    assert f"torch_checks P={nprocs}:" in out and "  ddp        ok" in out
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_distributed_optimizer_keeps_replicas_identical(mpirun, nprocs):
+    """DistributedOptimizer without torch.distributed, every algorithm, flat and
+    per layer; plus broadcast_parameters."""
+    pytest.importorskip("torch")
+    out = mpirun(nprocs, "tests.mpi.torch_checks", "--cases", "broadcast,optimizer",
+                 timeout=120)
+    assert f"torch_checks P={nprocs}:" in out
+    assert "  optimizer  ok" in out and "  broadcast  ok" in out
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("example,integration", [("digits_cnn", "optimizer"),
+                                                 ("lstm_lm", "ddp")])
+def test_examples_write_curves(tmp_path, example, integration):
+    """The training examples run end to end at P = 2 (a few steps per epoch)
+    and write the curves: per-epoch loss, the metric and wall time."""
+    pytest.importorskip("torch")
+    pytest.importorskip("sklearn")
+    import json
+
+    from autotune._mpirun import mpi_env, mpiexec_argv
+
+    root = Path(__file__).resolve().parent.parent
+    out = tmp_path / "curves.json"
+    argv = mpiexec_argv(2, [sys.executable, str(root / "examples" / f"{example}.py"),
+                            "--algorithm", "gtopk,dense", "--density", "0.05", "--seed", "3",
+                            "--epochs", "2", "--max-steps-per-epoch", "3",
+                            "--integration", integration, "--out", str(out)])
+    p = subprocess.run(argv, env=mpi_env(), capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    d = json.loads(out.read_text())
+    assert d["P"] == 2 and [r["algorithm"] for r in d["runs"]] == ["gtopk", "dense"]
+    metric = "test_acc" if example == "digits_cnn" else "val_loss"
+    for r in d["runs"]:
+        assert len(r["curve"]) == 2 and r["curve"][-1]["step"] == 6
+        for pt in r["curve"]:
+            assert {"train_loss", metric, "epoch_s", "wall_s", "bytes_sent"} <= set(pt)

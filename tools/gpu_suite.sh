@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# GPU checks and benchmarks in one go, on a machine with NP >= 2 GPUs (the
+# lent GPU machine has system Open MPI, cupy with NCCL, torch).  Run from the
+# repository root:  NP=2 OUT=/tmp/out STAGES="conf bench profile" tools/gpu_suite.sh
+# Writes JSON results under $OUT (bench_*.json, profile_*.json) and logs to stdout.
+set -u
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+OUT=${OUT:-/tmp/gpu_suite}; mkdir -p "$OUT"
+NP=${NP:-2}
+STAGES=${STAGES:-"conf bench profile"}
+LOG2N=${LOG2N:-20:28}
+PY=${PY:-python3}
+MPI=(mpirun --allow-run-as-root --oversubscribe --bind-to none -n "$NP"
+     -x NCCL_NVLS_ENABLE -x PYTHONPATH -x TORCH_SYMM_MEM_DISABLE_MULTICAST -x NVSHMEM_DISABLE_NVLS)
+SOCK=(-x NCCL_P2P_DISABLE=1 -x NCCL_SHM_DISABLE=1 -x NCCL_NET=Socket -x NCCL_SOCKET_IFNAME=lo)
+step() { echo; echo "=== $* ($(date -u +%H:%M:%S))"; }
+
+step "machine"
+nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv
+nvidia-smi topo -m 2>/dev/null | head -8
+$PY -c "import cupy, torch, mpi4py, numpy; print('cupy', cupy.__version__, 'torch', torch.__version__, 'mpi4py', mpi4py.__version__, 'numpy', numpy.__version__, 'nccl', cupy.cuda.nccl.get_version())"
+
+for s in $STAGES; do case $s in
+conf)
+  step "conformance NCCL + cupy, P=$NP"
+  "${MPI[@]}" $PY -m tests.mpi.conformance --backend nccl --array cupy
+  step "conformance NCCL + torch (DLPack), P=$NP"
+  "${MPI[@]}" $PY -m tests.mpi.conformance --backend nccl --array torch --quick
+  step "conformance MPI + cupy (staged or CUDA-aware), P=$NP"
+  "${MPI[@]}" $PY -m tests.mpi.conformance --backend mpi --array cupy --quick
+  ;;
+gpukernels)
+  step "GPU kernel tests"
+  $PY -m pytest -q -p no:cacheprovider -o addopts="" tests/test_gpu_kernels.py tests/test_kernels.py 2>&1 | tail -5
+  ;;
+bench)
+  ALGOS=${ALGOS:-}
+  for net in nvlink sockets; do
+    extra=(); [ $net = sockets ] && extra=("${SOCK[@]}")
+    for d in 0.01 0.001; do
+      step "bench $net density $d P=$NP"
+      "${MPI[@]}" "${extra[@]}" $PY -m autotune.cli bench --backend nccl --log2n "$LOG2N" \
+        --density $d --repeat ${REPEAT:-5} --warmup 2 ${ALGOS:+--algorithms $ALGOS} \
+        --out "$OUT/bench_${net}_P${NP}_d${d}.json" | grep -v "^  P="
+    done
+  done
+  ;;
+profile)
+  for net in nvlink sockets; do
+    extra=(); [ $net = sockets ] && extra=("${SOCK[@]}")
+    step "profile $net P=$NP"
+    "${MPI[@]}" "${extra[@]}" $PY -m autotune.cli profile --device gpu --quick --quiet \
+      --network "$net" --out "$OUT/profile_gpu_${net}_P${NP}.json"
+  done
+  ;;
+esac; done
+step "done"
