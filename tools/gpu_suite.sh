@@ -39,8 +39,9 @@ bench)
   for net in nvlink sockets; do
     extra=(); [ $net = sockets ] && extra=("${SOCK[@]}")
     for d in 0.01 0.001; do
+      range=$LOG2N; [ $d = 0.001 ] && range=${LOG2N_SPARSE:-$LOG2N}
       step "bench $net density $d P=$NP"
-      "${MPI[@]}" "${extra[@]}" $PY -m autotune.cli bench --backend nccl --log2n "$LOG2N" \
+      "${MPI[@]}" "${extra[@]}" $PY -m autotune.cli bench --backend nccl --log2n "$range" \
         --density $d --repeat ${REPEAT:-5} --warmup 2 ${ALGOS:+--algorithms $ALGOS} \
         --out "$OUT/bench_${net}_P${NP}_d${d}.json" | grep -v "^  P="
     done
