@@ -85,6 +85,25 @@ def build_parser() -> argparse.ArgumentParser:
     pl = sub.add_parser("plot", help="write PNGs of a profile's fits and algorithm times")
     pl.add_argument("file", metavar="FILE")
     pl.add_argument("--outdir", default=".", metavar="DIR")
+
+    se = sub.add_parser("select", help="explain which algorithm a profile picks for (n, P, density)")
+    se.add_argument("--profile", required=True, metavar="FILE")
+    se.add_argument("--n", type=int, required=True)
+    se.add_argument("--P", type=int, required=True)
+    se.add_argument("--density", type=float, default=0.01)
+    se.add_argument("--exact", action="store_true", help="lossless algorithms only (unnamed tensors)")
+
+    tu = sub.add_parser("tune", help="tune density, tau' and tau (optuna) under an accuracy guard")
+    tu.add_argument("--profile", required=True, metavar="FILE")
+    tu.add_argument("--n", type=int, required=True)
+    tu.add_argument("--P", type=int, required=True)
+    tu.add_argument("--algorithm", default="oktopk")
+    tu.add_argument("--xi-max", type=float, default=None,
+                    help="largest tolerated xi (default: the profile's xi at density 1%%)")
+    tu.add_argument("--tau-prime-max", type=int, default=64)
+    tu.add_argument("--trials", type=int, default=60)
+    tu.add_argument("--storage", metavar="FILE", help="journal file: the study resumes from it")
+    tu.add_argument("--seed", type=int, default=0)
     return p
 
 
@@ -138,6 +157,34 @@ def main(argv=None) -> int:
             return 2
         for path in plot(prof, args.outdir):
             print(f"wrote {path}")
+        return 0
+    if args.command in ("select", "tune"):
+        from .profile import ProfileError
+
+        try:
+            prof = _load_profile(args.profile)
+        except ProfileError as e:
+            print(f"autotune {args.command}: error: {e}", file=sys.stderr)
+            return 2
+        if args.command == "select":
+            from .selector import Selector
+
+            d = Selector(prof.data).choose(args.n, args.P, args.density, lossy_ok=not args.exact)
+            print(f"profile {prof.path} ({prof.fingerprint.get('network', '?')})")
+            print(d.explain())
+            return 0
+        from .tuner import tune, xi_at
+
+        xi_max = args.xi_max if args.xi_max is not None else xi_at(prof.data, 0.01)
+        r = tune(prof.data, args.n, args.P, algorithm=args.algorithm,
+                 xi_max=xi_max if xi_max is not None else float("inf"),
+                 tau_prime_max=args.tau_prime_max, trials=args.trials, storage=args.storage,
+                 seed=args.seed)
+        print(f"{args.algorithm} n={args.n} P={args.P}: density={r.density:.5f} tau'={r.tau_prime} "
+              f"tau={r.tau} predicted {1e3 * r.time_s:.3f} ms/iteration, xi={r.xi} "
+              f"(guard xi <= {xi_max}, tau' <= {args.tau_prime_max}; "
+              f"{'feasible' if r.feasible else 'NO feasible trial: best infeasible shown'}, "
+              f"{r.trials} trials)")
         return 0
     parser.error(f"unknown command {args.command}")
     return 2

@@ -186,6 +186,7 @@ def _topka2a(M, n, P, d, tp):
 TERMS = {
     "dense": _dense,
     "mpi": _mpi,
+    "nccl": _mpi,  # the native allreduce of the NCCL backend: same primitive model
     "topka": _topka,
     "gaussiank": _gaussiank,
     "gtopk": _gtopk,

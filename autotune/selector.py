@@ -44,7 +44,13 @@ class Decision:
         return "\n".join(lines)
 
 
+def _dens(algo: str, density) -> float:
+    """Lossless algorithms ignore the density: one constant feature value for them."""
+    return 0.01 if algo not in LOSSY or density is None else float(density)
+
+
 def _features(algorithms, algo: str, n: int, P: int, density: float, model_s: float):
+    density = _dens(algo, density)
     onehot = [1.0 if a == algo else 0.0 for a in algorithms]
     return [math.log2(max(n, 1)), math.log2(max(P, 1)), math.log10(density),
             math.log(max(model_s, 1e-9)), *onehot]
@@ -76,7 +82,7 @@ class Selector:
 
             X, y = [], []
             for r in runs:
-                m = self._model(r["algorithm"], r["n"], r["P"], r["density"])
+                m = self._model(r["algorithm"], r["n"], r["P"], _dens(r["algorithm"], r["density"]))
                 X.append(_features(self.algorithms, r["algorithm"], r["n"], r["P"], r["density"], m))
                 y.append(math.log(r["median_s"] / m))
             X = np.asarray(X)
@@ -86,7 +92,7 @@ class Selector:
             self.domain = (X[:, :3].min(axis=0), X[:, :3].max(axis=0))
 
     def _model(self, algo, n, P, density):
-        return max(costmodel.predict(self.machine, algo, n, P, density), 1e-9)
+        return max(costmodel.predict(self.machine, algo, n, P, _dens(algo, density)), 1e-9)
 
     def _outside(self, n, P, density) -> float:
         """How far (in log2 units of n and P, decades of density) the point lies outside."""

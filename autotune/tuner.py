@@ -85,7 +85,11 @@ def tune(profile: dict, n: int, P: int, *, algorithm: str = "oktopk", xi_max: fl
         d = trial.suggest_float("density", *density_range, log=True)
         tp = trial.suggest_int("tau_prime", 1, 128, log=True)
         tau = trial.suggest_int("tau", 1, 256, log=True)
-        trial.set_user_attr("constraint", violation(d, tp))
+        cons = violation(d, tp)
+        trial.set_user_attr("constraint", cons)
+        if hasattr(trial, "set_constraint"):  # optuna >= 5
+            trial.set_constraint("xi", cons[0])
+            trial.set_constraint("tau_prime", cons[1])
         if measure is not None:
             return float(measure(d, tp, tau))
         from . import costmodel
@@ -97,8 +101,11 @@ def tune(profile: dict, n: int, P: int, *, algorithm: str = "oktopk", xi_max: fl
         this = costmodel.predict(sel.machine, algorithm, n, P, d, tau_prime=tp, tau=tau)
         return learned * this / base
 
-    sampler = optuna.samplers.TPESampler(
-        seed=seed, constraints_func=lambda t: t.user_attrs["constraint"])
+    if hasattr(optuna.trial.Trial, "set_constraint"):
+        sampler = optuna.samplers.TPESampler(seed=seed)
+    else:
+        sampler = optuna.samplers.TPESampler(
+            seed=seed, constraints_func=lambda t: t.user_attrs["constraint"])
     if storage:
         from optuna.storages import JournalStorage
         from optuna.storages.journal import JournalFileBackend

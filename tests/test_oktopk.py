@@ -1,7 +1,8 @@
 """Ok-Topk (and TopKA2A) specifics: planning helpers in-process, the rest under mpiexec.
 
 The MPI checks live in tests/mpi/oktopk_checks.py (boundaries identical and
-balanced, threshold refresh every tau', exact distributed k-th magnitude,
+balanced, exact result at tau' = 1 against a brute-force reference, threshold
+refresh every tau', exact distributed k-th magnitude,
 hot-region and stale-boundary traffic within 6k(P-1)/P words, conservation);
 pytest launches them for several P.  The conformance suite (identical outputs,
 conservation, traffic_bound on five distributions) covers both algorithms

@@ -6,6 +6,9 @@ Cases (all by default; ``--cases a,b`` to pick):
   boundaries     boundaries identical on every rank, and the regions carry
                  about the same number of selected values on skewed data
                  where equal-length regions would not.
+  exact          with tau' = 1 every call is exact: the output is the top-k of
+                 the sums of the ranks' local top-k values, on its support
+                 and in its values (checked against a brute-force reference).
   refresh        exact thresholds exactly at calls t with t % tau' == 0: the
                  local threshold then equals the k-th |acc|, the global one is
                  searched (its phase appears) only then.
@@ -107,6 +110,29 @@ def case_boundaries(rng):
                 check(eq.max() > 1.5 * eq.mean(), "test data not skewed enough to mean anything")
 
 
+def case_exact(rng):
+    comm = MPICommunicator(WORLD)
+    for n, density in ((1 << 15, 0.01), (5000, 0.05)):
+        algo = OkTopk(comm, tau=1, tau_prime=1)
+        k = kernels.k_from_density(n, density)
+        for it in range(6):
+            x = rng.standard_normal(n).astype(np.float32)
+            st = algo.states.get("t")
+            acc = x + (st.residual if st is not None else 0)
+            local = kernels.topk_indices(acc, k)
+            contrib = np.zeros(n)
+            contrib[local] = acc[local]
+            U = sum64(contrib)
+            want = kernels.topk_indices(U, k)
+            out = algo(x, name="t", density=density)
+            got = np.flatnonzero(out)
+            check(np.array_equal(got, want),
+                  f"exact n={n} it {it}: support differs from the top-k of the summed "
+                  f"local top-k ({np.setdiff1d(want, got).size} missing)")
+            check(np.allclose(out[want], U[want], rtol=1e-5, atol=1e-6),
+                  f"exact n={n} it {it}: values are not the sums of the local top-k values")
+
+
 def case_refresh(rng):
     comm = MPICommunicator(WORLD)
     n, density, tp = 20000, 0.01, 4
@@ -198,7 +224,8 @@ def case_stale(rng):
         check(max(owner_max[1:]) == Q, f"quota never reached (Q={Q}): {owner_max}")
 
 
-CASES = {"global-kth": case_global_kth, "boundaries": case_boundaries, "refresh": case_refresh,
+CASES = {"global-kth": case_global_kth, "boundaries": case_boundaries, "exact": case_exact,
+         "refresh": case_refresh,
          "hot": case_hot, "stale": case_stale}
 
 

@@ -1,0 +1,161 @@
+"""Selector regret on measurements held out of its training.
+
+The selector is trained on a profile's runs (``--profile``); it is then asked
+to choose at every (n, P, density) of separately measured ``autotune bench``
+sweeps (``--measured``, the held-out data), and the measured time of its
+choice is divided by the measured time of the fastest algorithm there.
+Strategies compared side by side: the learned selector, the bare cost model,
+always-dense (Rabenseifner) and always-oktopk.
+
+    python -m autotune.studies.regret --profile profiles/X.json --measured a.json b.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections import defaultdict
+
+from ..profile import Profile
+from ..selector import Selector
+
+
+def load_points(paths):
+    pts = defaultdict(dict)
+    for p in paths:
+        for r in json.load(open(p))["rows"]:
+            pts[(r["n"], r["P"], r["density"])][r["algorithm"]] = r["median_s"]
+    return pts
+
+
+def evaluate(profile: dict, points, *, exclude=()):
+    learned = Selector(profile)
+    bare = Selector(profile, learn=False)
+    strategies = {"learned selector": None, "cost model": None, "always dense": "dense",
+                  "always oktopk": "oktopk"}
+    regrets = {s: [] for s in strategies}
+    rows = []
+    for (n, P, d), times in sorted(points.items()):
+        cands = [a for a in times if a in learned.algorithms and a not in exclude]
+        if not cands:
+            continue
+        best = min(cands, key=times.get)
+        picks = {
+            "learned selector": learned.choose(n, P, d, candidates=cands).algorithm,
+            "cost model": bare.choose(n, P, d, candidates=cands).algorithm,
+            "always dense": "dense", "always oktopk": "oktopk",
+        }
+        row = {"n": n, "P": P, "density": d, "best": best, "best_s": times[best]}
+        for s, a in picks.items():
+            if a not in times:
+                continue
+            r = times[a] / times[best]
+            regrets[s].append(r)
+            row[s] = (a, r)
+        rows.append(row)
+    summary = {s: (math.exp(sum(map(math.log, v)) / len(v)), max(v), len(v))
+               for s, v in regrets.items() if v}
+    return rows, summary
+
+
+def markdown(rows, summary) -> str:
+    out = ["| strategy | geomean regret | worst regret | points |", "|---|---|---|---|"]
+    for s, (g, w, k) in summary.items():
+        out.append(f"| {s} | {g:.3f} | {w:.2f} | {k} |")
+    out += ["", "| P | n | density | best (measured) | learned pick (regret) | cost-model pick (regret) |",
+            "|---|---|---|---|---|---|"]
+    for r in rows:
+        lp = r.get("learned selector", ("-", float("nan")))
+        cp = r.get("cost model", ("-", float("nan")))
+        out.append(f"| {r['P']} | 2^{int(math.log2(r['n']))} | {r['density']} | {r['best']} | "
+                   f"{lp[0]} ({lp[1]:.2f}) | {cp[0]} ({cp[1]:.2f}) |")
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--profile", required=True)
+    ap.add_argument("--measured", nargs="+", required=True)
+    ap.add_argument("--exclude", default="", help="algorithms to leave out (comma-separated)")
+    ap.add_argument("--cv-baseline", metavar="NAME",
+                    help="leave-one-size-out cross-validation on the --measured sweeps alone, "
+                         "network terms fitted from the NAME (native) and dense rows, compute "
+                         "costs from --profile (used for NCCL, which the profiler does not measure)")
+    args = ap.parse_args(argv)
+    prof = Profile.load(args.profile).data
+    if args.cv_baseline:
+        rows, summary = cross_validate(prof, args.measured, args.cv_baseline)
+    else:
+        rows, summary = evaluate(prof, load_points(args.measured),
+                                 exclude=[a for a in args.exclude.split(",") if a])
+    print(markdown(rows, summary))
+    return 0
+
+
+# -- leave-one-size-out cross-validation on bench sweeps alone ---------------------
+def _fit(xs, ts):
+    """Least squares t = a*x0 + b*x1 with relative-error weights, a, b >= 0."""
+    import numpy as np
+
+    X = np.asarray(xs, dtype=float)
+    t = np.asarray(ts, dtype=float)
+    w = 1.0 / t
+    coef, *_ = np.linalg.lstsq(X * w[:, None], t * w, rcond=None)
+    return [max(float(c), 0.0) for c in coef]
+
+
+def profile_from_bench(base: dict, rows, baseline: str) -> dict:
+    """A profile whose network terms are fitted from bench rows of the native
+    allreduce (``baseline``) and of Rabenseifner (``dense``, p2p-based), and
+    whose compute costs come from ``base`` (a profile measured on the same
+    device); ``runs`` are the rows themselves.  For a backend the profiler did
+    not measure primitives on (NCCL), this is the cost model's only input.
+    """
+    import copy
+
+    lg = lambda P: math.ceil(math.log2(P))  # noqa: E731
+    ar = [r for r in rows if r["algorithm"] == baseline]
+    a, b = _fit([[2 * lg(r["P"]), 2 * 4 * r["n"] * (r["P"] - 1) / r["P"]] for r in ar],
+                [r["median_s"] for r in ar])
+    dn = [r for r in rows if r["algorithm"] == "dense" and r["P"] & (r["P"] - 1) == 0]
+    pa, pb = _fit([[2 * lg(r["P"]), 2 * 4 * r["n"] * (r["P"] - 1) / r["P"]] for r in dn],
+                  [r["median_s"] for r in dn])
+    prof = copy.deepcopy(base)
+    link = lambda al, be: {"alpha_s": al, "beta_s_per_byte": be}  # noqa: E731
+    prof["primitives"] = {"p2p": link(pa, pb), "allreduce": link(a, b), "allgather": link(pa, pb),
+                          "alltoallv": link(pa, pb), "bcast": link(pa, pb)}
+    prof["runs"] = [dict(r, algorithm=("mpi" if r["algorithm"] == baseline else r["algorithm"]))
+                    for r in rows]
+    return prof
+
+
+def cross_validate(base: dict, paths, baseline: str = "nccl"):
+    """Leave one n out: fit on the other sizes, choose at the held-out size."""
+    rows = [r for p in paths for r in json.load(open(p))["rows"]]
+    sizes = sorted({r["n"] for r in rows})
+    all_rows, regrets = [], defaultdict(list)
+    for n in sizes:
+        train = [r for r in rows if r["n"] != n]
+        test = [r for r in rows if r["n"] == n]
+        prof = profile_from_bench(base, train, baseline)
+        pts = defaultdict(dict)
+        for r in test:
+            a = "mpi" if r["algorithm"] == baseline else r["algorithm"]
+            pts[(r["n"], r["P"], r["density"])][a] = r["median_s"]
+        got, _ = evaluate(prof, pts)
+        for row in got:  # report the native algorithm under its own name
+            for key, val in list(row.items()):
+                if val == "mpi":
+                    row[key] = baseline
+                elif isinstance(val, tuple) and val[0] == "mpi":
+                    row[key] = (baseline, val[1])
+            for s in ("learned selector", "cost model", "always dense", "always oktopk"):
+                if s in row:
+                    regrets[s].append(row[s][1])
+        all_rows += got
+    summary = {s: (math.exp(sum(map(math.log, v)) / len(v)), max(v), len(v)) for s, v in regrets.items()}
+    return all_rows, summary
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
