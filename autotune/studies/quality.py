@@ -125,8 +125,9 @@ def format_table(rows) -> str:
              "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         tp = r["tau_prime"] if r["tau_prime"] else ("32" if r["algorithm"] == "oktopk" else "-")
-        lines.append(f"| {r['algorithm']} | {tp} | {r['capture_mean']:.4f} | {r['capture_min']:.4f} | "
-                     f"{r['error_mean']:.4f} | {r['held_back']:.2f} | {r.get('repeat', float('nan')):.3f} | "
+        lines.append(f"| {r['algorithm']} | {tp} | {r['capture_mean']:.4f} | "
+                     f"{r['capture_min']:.4f} | {r['error_mean']:.4f} | {r['held_back']:.2f} | "
+                     f"{r.get('repeat', float('nan')):.3f} | "
                      f"{r['nnz_per_k']:.2f} | "
                      f"{r['sent_over_lower_bound']:.2f} |")
     return "\n".join(lines)
@@ -153,7 +154,8 @@ def plot(rows, path: str, warmup: int) -> None:
         ax1.plot(*smooth(r["capture"]), style, lw=1, label=r["algorithm"])
     ax1.axvline(warmup, color="grey", lw=0.8, ls=":")
     ax1.set_xlabel("iteration")
-    ax1.set_ylabel("capture: share of the exact global top-k's\nL2 norm delivered (moving avg of 5)")
+    ax1.set_ylabel("capture: share of the exact global top-k's\n"
+                   "L2 norm delivered (moving avg of 5)")
     ax1.set_title(f"Ok-Topk threshold reuse interval tau' (P={rows[0]['P']}, "
                   f"n={rows[0]['n']}, density={rows[0]['density']})")
     ax1.legend(fontsize=8, loc="upper right")

@@ -61,7 +61,9 @@ def run(comm, *, n: int, density: float, iters: int, warmup: int, algorithms, se
                 ncalls += 1
                 for ph, c in t.phases.items():
                     if c.bytes_sent or c.bytes_recv:
-                        kind = ph.split(":", 1)[-1] if ph.startswith("comm") else ph.split(":", 1)[0]
+                        # comm:<detail> by detail, everything else by kind
+                        head, _, detail = ph.partition(":")
+                        kind = detail if head == "comm" else head
                         phases[kind] = phases.get(kind, 0) + max(c.bytes_sent, c.bytes_recv)
         s = np.array(sent[warmup:], dtype=np.float64) / lower
         r = np.array(recv[warmup:], dtype=np.float64) / lower

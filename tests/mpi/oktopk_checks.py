@@ -85,7 +85,8 @@ def case_boundaries(rng):
     comm = MPICommunicator(WORLD)
     n, density = 1 << 16, 0.01
     algo = OkTopk(comm, tau=4, tau_prime=4)
-    ramp = (1.0 + 30.0 * (np.arange(n) / n) ** 6).astype(np.float32)  # selections cluster at the end
+    # large values, hence the selections, cluster at the end of the index space
+    ramp = (1.0 + 30.0 * (np.arange(n) / n) ** 6).astype(np.float32)
     for it in range(12):
         x = (rng.standard_normal(n).astype(np.float32) * ramp)
         out = algo(x, name="t", density=density)
@@ -174,7 +175,8 @@ def _run_bounded(algo, xs_fn, iters, density, n, label):
         s, r = payload(algo.last_traffic)
         if k >= P:
             check(s <= 4 * words and r <= 4 * words,
-                  f"{label} it {it}: payload sent {s} recv {r} B > 6k(P-1)/P words = {4 * words:.0f} B")
+                  f"{label} it {it}: payload sent {s} recv {r} B > "
+                  f"6k(P-1)/P words = {4 * words:.0f} B")
         tot = algo.last_traffic.total()
         bound = OkTopk.traffic_bound(n, P, k, 4)
         check(tot.bytes_sent <= bound and tot.bytes_recv <= bound,
@@ -234,7 +236,9 @@ def main(argv=None) -> int:
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--seed", type=int, default=None)
     args = ap.parse_args(argv)
-    seed = WORLD.bcast(args.seed if args.seed is not None else int(np.random.SeedSequence().entropy % 2**32), 0)
+    if args.seed is None:
+        args.seed = int(np.random.SeedSequence().entropy % 2**32)
+    seed = WORLD.bcast(args.seed, 0)
     current = ""
     try:
         for name in args.cases.split(","):
