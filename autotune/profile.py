@@ -545,5 +545,5 @@ class Profile:
         A, B = model_terms(primitive, P)
         beta = rec["beta_s_per_byte"]
         if P != self.P and rec.get("shared_medium"):
-            beta = rec["beta_s_per_byte"] / concurrency(primitive, self.P) * concurrency(primitive, P)
+            beta *= concurrency(primitive, P) / concurrency(primitive, self.P)
         return rec["alpha_s"] * A + beta * m * B

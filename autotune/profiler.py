@@ -538,9 +538,10 @@ def measure_compute(comm, plan, *, device: str, xp, sync, progress, density: flo
             k = kernels.k_from_density(n, density)
             thr = kernels.kth_magnitude(x, k)
             parts = 4  # a reduction merges several ranks' COO sets
-            idx = [xp.asarray(np.sort(rng.choice(4 * n, n // parts, replace=False)).astype(np.int32))
+            idx = [xp.asarray(np.sort(rng.choice(4 * n, n // parts, replace=False))
+                              .astype(np.int32)) for _ in range(parts)]
+            val = [xp.asarray(rng.standard_normal(n // parts).astype(np.float32))
                    for _ in range(parts)]
-            val = [xp.asarray(rng.standard_normal(n // parts).astype(np.float32)) for _ in range(parts)]
             dense = xp.zeros(4 * n, dtype=np.float32)
             cat_i, cat_v = xp.concatenate(idx), xp.concatenate(val)
             cases = {
@@ -639,8 +640,9 @@ class _XiTracker:
         return {"source": source, "by_density": by,
                 "median": float(np.median(allv)) if allv else None,
                 "samples": {str(d): [float(x) for x in v] for d, v in self.values.items()},
-                "definition": "||Topk(mean_i acc_i) - Topk(mean_i Topk(acc_i))|| / ||lr*mean_i G_i||,"
-                              " acc_i = lr*G_i + residual_i (Li & Hoefler PPoPP'22, Assumption 1)",
+                "definition": "||Topk(mean_i acc_i) - Topk(mean_i Topk(acc_i))||"
+                              " / ||lr*mean_i G_i||, acc_i = lr*G_i + residual_i"
+                              " (Li & Hoefler PPoPP'22, Assumption 1)",
                 **extra}
 
 
@@ -757,7 +759,8 @@ def fingerprint(comm, *, device: str, network: str | None) -> dict:
 # -- driver --------------------------------------------------------------------------
 def run_profile(comm, *, plan_name: str = "quick", device: str = "cpu", network: str | None = None,
                 gradients: str | None = None, max_bytes: int | None = None,
-                algorithms: list[str] | None = None, quiet: bool = False, seed: int = 0) -> Profile | None:
+                algorithms: list[str] | None = None, quiet: bool = False,
+                seed: int = 0) -> Profile | None:
     """Measure and return the Profile on rank 0 (None on the other ranks).
 
     Raises:

@@ -70,7 +70,8 @@ def primitive_lines(prof: Profile) -> list[str]:
             s = max(samples, key=lambda s: s["bytes"])
             bw = f"{busbw(name, s['bytes'], float(np.median(s['times_s'])), s['P']) / 1e9:10.3f}"
         lines.append(
-            f"  {name:11s} {_us(rec['alpha_s'])[-9:]:>9s} {_us(rec.get('alpha_stderr')).strip():>7s} "
+            f"  {name:11s} {_us(rec['alpha_s'])[-9:]:>9s} "
+            f"{_us(rec.get('alpha_stderr')).strip():>7s} "
             f"{_gbps(b)} {rel_b:>5s} {(_gbps(link) if link is not None else '      n/a')} "
             f"{_fmt_err(rec.get('heldout_median_rel_err')):>8s} {bw:>10s}  {rec['model']}")
     if any(r.get("shared_medium") for r in prof.primitives.values()):
@@ -153,10 +154,12 @@ def fingerprint_lines(prof: Profile) -> list[str]:
     fp = prof.fingerprint
     hosts = fp["hosts"]
     host = ", ".join(hosts[:3]) + (f" (+{len(hosts) - 3})" if len(hosts) > 3 else "")
+    rph = fp.get("ranks_per_host")
+    nodes = -(-fp["P"] // rph) if isinstance(rph, int) and rph > 0 else len(hosts)
     return [
         f"profile {prof.path or ''}  ({prof.data['source']}, created {prof.data['created']}, "
         f"schema v{prof.data['version']})",
-        f"  machine: P={fp['P']} on {len(hosts)} host(s) [{host}], device {fp['device']}, "
+        f"  machine: P={fp['P']} on {nodes} host(s) [{host}], device {fp['device']}, "
         f"network {fp['network']}",
         f"  cpu {fp.get('cpu_model')}; gpu {fp.get('gpu_model')}; mpi {fp.get('mpi_library')}; "
         f"nccl {fp.get('nccl_version')}",
@@ -240,10 +243,11 @@ def plot(prof: Profile, outdir) -> list[Path]:
             lo, hi = 4.0, 32.0 * 2 ** 20
         mm = np.logspace(np.log10(lo), np.log10(hi), 100)
         ax.loglog(mm, rec["alpha_s"] * A + rec["beta_s_per_byte"] * mm * B, "-", color="C1",
-                  label="fit")
+                  label="fit" if prof.data["source"] == "measured" else "model (published)")
         err = rec.get("heldout_median_rel_err")
-        ax.set_title(f"{name}: a={1e6 * rec['alpha_s']:.2f} us, 1/b="
-                     f"{(1e-9 / rec['beta_s_per_byte']) if rec['beta_s_per_byte'] else float('inf'):.3g} GB/s"
+        b = rec["beta_s_per_byte"]
+        ax.set_title(f"{name}: a={1e6 * rec['alpha_s']:.2f} us, "
+                     f"1/b={(1e-9 / b) if b else float('inf'):.3g} GB/s"
                      + (f", held-out {100 * err:.0f}%" if err is not None else ""), fontsize=9)
         ax.set_xlabel("m (bytes)")
         ax.set_ylabel("time (s)")

@@ -196,7 +196,8 @@ def test_same_machine_is_not_foreign():
     current = local_fingerprint()
     for f in SHIPPED:
         prof = Profile.load(f, current=current)
-        if prof.data["source"] == "measured" and prof.fingerprint["cpu_model"] == current["cpu_model"]:
+        fp = prof.fingerprint
+        if prof.data["source"] == "measured" and fp["cpu_model"] == current["cpu_model"]:
             assert prof.foreign == [] or all("mpi_library" in d for d in prof.foreign)
 
 
@@ -286,7 +287,8 @@ def test_plot_without_matplotlib_says_how_to_install(monkeypatch, capsys, tmp_pa
     from autotune import cli as cli_mod
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import fails
-    rc = cli_mod.main(["plot", str(ROOT / "profiles" / "piz_daint.json"), "--outdir", str(tmp_path)])
+    daint = str(ROOT / "profiles" / "piz_daint.json")
+    rc = cli_mod.main(["plot", daint, "--outdir", str(tmp_path)])
     err = capsys.readouterr().err
     assert rc == 2 and "pip install" in err and "[plot]" in err
     assert not list(tmp_path.iterdir())
