@@ -1,0 +1,41 @@
+"""allreduce(algorithm="auto") under mpiexec: ranks load DIFFERENT profiles, yet every
+rank must run the same algorithm (rank 0 decides and broadcasts)."""
+import sys
+import zlib
+from pathlib import Path
+
+import numpy as np
+from mpi4py import MPI
+
+import autotune
+
+W = MPI.COMM_WORLD
+ROOT = Path(__file__).resolve().parents[2] / "profiles"
+PROFILES = ["cpu_tcp1gbit_p4.json", "cpu_shm_p4.json", "piz_daint.json"]
+
+
+def main() -> int:
+    autotune.init(profile=str(ROOT / PROFILES[W.rank % len(PROFILES)]))
+    rng = np.random.default_rng([7, W.rank])
+    for n in (1000, 1 << 16, 1 << 20):
+        g = rng.standard_normal(n).astype(np.float32)
+        out = autotune.allreduce(g, name=f"w{n}", density=0.01)
+        exact = autotune.allreduce(g)  # unnamed: never lossy
+        ref = np.empty(n, np.float64)
+        W.Allreduce(g.astype(np.float64), ref)
+        assert np.allclose(exact, ref, rtol=1e-4, atol=1e-4), "unnamed tensor lost precision"
+        picks = W.allgather({k[0]: c.algorithm for k, c in autotune.decisions().items()})
+        assert all(p == picks[0] for p in picks), f"ranks disagree: {picks}"
+        hs = W.allgather(zlib.crc32(out.tobytes()))
+        assert all(h == hs[0] for h in hs), "outputs differ across ranks"
+    unnamed = [c.algorithm for k, c in autotune.decisions().items() if k[0] is None]
+    from collectives import ALGORITHMS
+
+    assert unnamed and not any(ALGORITHMS[a].lossy for a in unnamed), unnamed
+    if W.rank == 0:
+        print("dispatch ok:", {k[0]: c.algorithm for k, c in autotune.decisions().items()})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

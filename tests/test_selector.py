@@ -1,0 +1,70 @@
+"""Cost model, selector, tuner and the auto dispatch."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from autotune import costmodel
+from autotune.profile import Profile
+from autotune.selector import LOSSY, Selector
+
+PROFILES = Path(__file__).resolve().parent.parent / "profiles"
+
+
+@pytest.fixture(scope="module")
+def slow():
+    return Profile.load(PROFILES / "cpu_tcp1gbit_p4.json").data
+
+
+def test_cost_model_orders_dense_and_sparse_by_network(slow):
+    m = costmodel.Machine.from_profile(slow)
+    n, P = 1 << 24, 4
+    assert costmodel.predict(m, "oktopk", n, P, 0.01) < costmodel.predict(m, "dense", n, P)
+    # Ok-Topk's bandwidth term is O(k): 10x the density costs more
+    assert costmodel.predict(m, "oktopk", n, P, 0.1) > costmodel.predict(m, "oktopk", n, P, 0.01)
+
+
+def test_selector_is_deterministic(slow):
+    a = Selector(slow).choose(1 << 22, 8, 0.01)
+    b = Selector(slow).choose(1 << 22, 8, 0.01)
+    assert a.algorithm == b.algorithm and a.predicted_s == b.predicted_s
+
+
+def test_selector_says_when_outside_its_data(slow):
+    inside = Selector(slow).choose(1 << 16, 2, 0.01)
+    outside = Selector(slow).choose(1 << 28, 64, 0.01)
+    assert inside.in_domain and not outside.in_domain
+    assert "outside" in outside.explain()
+
+
+def test_unnamed_tensors_get_only_exact_algorithms(slow):
+    d = Selector(slow).choose(1 << 24, 4, 0.01, lossy_ok=False)
+    assert d.algorithm not in LOSSY
+
+
+def test_select_cli_explains(slow):
+    out = subprocess.run([sys.executable, "-m", "autotune.cli", "select", "--profile",
+                          str(PROFILES / "cpu_tcp1gbit_p4.json"), "--n", "16777216", "--P", "4"],
+                         capture_output=True, text=True, check=True).stdout
+    assert "<- chosen" in out and "dense" in out and "oktopk" in out
+
+
+def test_tuner_respects_guard_and_resumes(slow, tmp_path):
+    pytest.importorskip("optuna")
+    from autotune.tuner import tune, xi_at
+
+    guard = xi_at(slow, 0.01)
+    store = str(tmp_path / "study.log")
+    r1 = tune(slow, 1 << 22, 4, xi_max=guard, trials=12, storage=store)
+    assert r1.feasible and xi_at(slow, r1.density) <= guard + 1e-9
+    assert r1.tau_prime <= 64
+    r2 = tune(slow, 1 << 22, 4, xi_max=guard, trials=16, storage=store)
+    assert r2.trials == 16  # resumed: 12 from the file + 4 new
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_auto_dispatch_same_algorithm_with_different_profiles(mpirun, nprocs):
+    out = mpirun(nprocs, "tests.mpi.dispatch_checks", timeout=300)
+    assert "dispatch ok" in out
