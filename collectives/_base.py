@@ -225,5 +225,14 @@ class SparseAllreduce(Algorithm):
         st.iteration += 1
         return out
 
+    def _take_topk(self, acc, st: SparseState):
+        """Exact local top-k of ``acc``; the selected values leave the residual
+        (for algorithms that deliver every selected value to the output)."""
+        with self.comm.phase("select"):
+            idx, vals = kernels.topk_select(acc, st.k)
+            acc[idx] = 0
+        st.selected_local = int(idx.size)
+        return idx, vals
+
     @abc.abstractmethod
     def _exchange(self, acc, state: SparseState): ...

@@ -38,10 +38,7 @@ class TopkA(SparseAllreduce):
 
     def _exchange(self, acc, st):
         comm = self.comm
-        with comm.phase("select"):
-            idx, vals = kernels.topk_select(acc, st.k)
-            acc[idx] = 0
-        st.selected_local = int(idx.size)
+        idx, vals = self._take_topk(acc, st)
         out = allgather_coo(comm, idx, vals, acc.size, equal_counts=True)
         st.selected_global = st.selected_local * comm.size
         return out

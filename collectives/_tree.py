@@ -135,10 +135,7 @@ class TopkDSA(SparseAllreduce):
         comm, P, rank = self.comm, self.comm.size, self.comm.rank
         xp = kernels.array_module(acc)
         n = acc.size
-        with comm.phase("select"):
-            idx, vals = kernels.topk_select(acc, st.k)
-            acc[idx] = 0
-        st.selected_local = int(idx.size)
+        idx, vals = self._take_topk(acc, st)
         bounds = kernels.region_bounds(n, P)
         offs = kernels.split_by_bounds(idx, bounds)
         send_i, send_v = [], []

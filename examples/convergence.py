@@ -112,7 +112,8 @@ def table(cells, meta, models, Ps, densities, algorithms) -> str:
                     base = cell_runs(P, "dense", d)
                     if base and alg != "dense":
                         b, _ = mean_sd([value(r) for r in base])
-                        txt += (f", Δ {mu - b:+.2f}" if higher else f", Δ {100 * (mu - b) / b:+.2f}%")
+                        txt += (f", Δ {mu - b:+.2f}" if higher
+                                else f", Δ {100 * (mu - b) / b:+.2f}%")
                     if not higher:
                         txt += f", ppl {math.exp(mu):.3f}"
                     row += txt + " |"

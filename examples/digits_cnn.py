@@ -67,7 +67,8 @@ def main(argv=None):
                 "test_loss": float(F.cross_entropy(out, y, reduction="sum"))}
 
     run_grid(args, name="digits_cnn", make_model=lambda: make_model(args.width),
-             make_optimizer=lambda m, lr: torch.optim.SGD(m.parameters(), lr=lr, momentum=args.momentum),
+             make_optimizer=lambda m, lr: torch.optim.SGD(m.parameters(), lr=lr,
+                                                          momentum=args.momentum),
              clip=args.clip,
              train_step=train_step, evaluate=evaluate, n_train=len(ytr),
              data_info={"dataset": "sklearn.datasets.load_digits", "n_train": len(ytr),

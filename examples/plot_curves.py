@@ -16,7 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-METRIC = {"digits_cnn": ("test_acc", "test accuracy"), "lstm_lm": ("val_loss", "validation loss (nats/char)")}
+METRIC = {"digits_cnn": ("test_acc", "test accuracy"),
+          "lstm_lm": ("val_loss", "validation loss (nats/char)")}
 
 
 def load(paths):
@@ -47,16 +48,18 @@ def plot(groups, out_dir: Path) -> list[Path]:
     for (example, P), series in sorted(groups.items()):
         key, label = METRIC.get(example, ("train_loss", "train loss"))
         fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
+        algs = sorted({a for a, _ in series})
+        colors = {a: f"C{i}" for i, a in enumerate(algs)}  # one colour per algorithm
         for (alg, dens), runs in sorted(series.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)):
             n = min(len(r["curve"]) for r in runs)
             y = np.array([[pt[key] for pt in r["curve"][:n]] for r in runs])
             t = np.array([[pt["wall_s"] for pt in r["curve"][:n]] for r in runs]).mean(0)
             ep = np.arange(1, n + 1)
             name = alg if dens is None else f"{alg} d={dens:g}"
-            style = "-" if dens in (None, 0.01) else "--"
+            style = ":" if alg == "auto" else "--" if dens is not None and dens < 0.01 else "-"
             for ax, x in ((axes[0], ep), (axes[1], t)):
-                line, = ax.plot(x, y.mean(0), style, label=f"{name} (n={len(runs)})")
-                ax.fill_between(x, y.min(0), y.max(0), color=line.get_color(), alpha=0.15)
+                ax.plot(x, y.mean(0), style, color=colors[alg], label=f"{name} (n={len(runs)})")
+                ax.fill_between(x, y.min(0), y.max(0), color=colors[alg], alpha=0.12)
         axes[0].set_xlabel("epoch")
         axes[1].set_xlabel("training wall time (s), mean over seeds")
         axes[0].set_ylabel(label)

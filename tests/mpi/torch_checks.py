@@ -24,7 +24,6 @@ import argparse
 import sys
 import traceback
 
-import numpy as np
 import torch
 from torch import nn
 
