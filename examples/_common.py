@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import platform
 import sys
 import time
@@ -173,7 +174,7 @@ def run_grid(args, *, name: str, make_model, make_optimizer, train_step, evaluat
                      "params": int(sum(p.numel() for p in model.parameters()))})
         del opt, net, model
     result = {
-        "example": name, "P": P, "argv": sys.argv, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "example": name, "P": P, "argv": [os.path.relpath(sys.argv[0])] + sys.argv[1:], "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "machine": platform.platform(), "torch": torch.__version__,
         "config": {k: v for k, v in vars(args).items() if k not in ("out", "quiet")},
         "steps_per_epoch": steps_per_epoch, "data": data_info, "runs": runs,
