@@ -98,48 +98,45 @@ def table(cells, meta, models, Ps, densities, algorithms) -> str:
                     return rs
             return []
 
-        for alg in algorithms:
-            row = f"| {alg} |"
-            for P in Ps:
-                for d in densities:
-                    rs = cell_runs(P, alg, d)
-                    if not rs:
-                        row += " — |"
-                        continue
-                    mu, sd = mean_sd([value(r) for r in rs])
-                    txt = f" {mu:.2f} ± {sd:.2f} ({len(rs)})" if higher else \
-                        f" {mu:.4f} ± {sd:.4f} ({len(rs)})"
-                    base = cell_runs(P, "dense", d)
-                    if base and alg != "dense":
-                        b, _ = mean_sd([value(r) for r in base])
-                        txt += (f", Δ {mu - b:+.2f}" if higher
-                                else f", Δ {100 * (mu - b) / b:+.2f}%")
-                    if not higher:
-                        txt += f", ppl {math.exp(mu):.3f}"
-                    row += txt + " |"
-            lines.append(row)
+        def rows(cell):
+            """One markdown row per algorithm; ``cell(alg, P, d, runs)`` -> cell text."""
+            for alg in algorithms:
+                row = f"| {alg} |"
+                for P in Ps:
+                    for d in densities:
+                        rs = cell_runs(P, alg, d)
+                        row += (cell(alg, P, d, rs) if rs else " —") + " |"
+                lines.append(row)
+
+        def metric_cell(alg, P, d, rs):
+            mu, sd = mean_sd([value(r) for r in rs])
+            txt = f" {mu:.2f} ± {sd:.2f} ({len(rs)})" if higher else \
+                f" {mu:.4f} ± {sd:.4f} ({len(rs)})"
+            base = cell_runs(P, "dense", d)
+            if base and alg != "dense":
+                b, _ = mean_sd([value(r) for r in base])
+                txt += (f", Δ {mu - b:+.2f}" if higher
+                        else f", Δ {100 * (mu - b) / b:+.2f}%")
+            if not higher:
+                txt += f", ppl {math.exp(mu):.3f}"
+            return txt
+
+        rows(metric_cell)
         lines += ["", f"Bytes sent per rank per step (rank 0, last epoch) and seconds per epoch "
                       f"({model}, mean over seeds):", "",
                   "| algorithm |" + "".join(f" P={P} d={d:g} |" for P in Ps for d in densities),
                   "|---|" + "---|" * (len(Ps) * len(densities))]
-        for alg in algorithms:
-            row = f"| {alg} |"
-            for P in Ps:
-                for d in densities:
-                    rs = cell_runs(P, alg, d)
-                    if not rs:
-                        row += " — |"
-                        continue
-                    per_step = []
-                    for r in rs:
-                        c = r["curve"]
-                        prev = c[-2] if len(c) > 1 else {"bytes_sent": 0, "step": 0}
-                        per_step.append((c[-1]["bytes_sent"] - prev["bytes_sent"])
-                                        / max(1, c[-1]["step"] - prev["step"]))
-                    secs = [r["final"]["wall_s"] / len(r["curve"]) for r in rs]
-                    row += f" {sum(per_step) / len(per_step) / 1e3:.1f} kB, " \
-                           f"{sum(secs) / len(secs):.2f} s |"
-            lines.append(row)
+        def cost_cell(alg, P, d, rs):
+            per_step = []
+            for r in rs:
+                c = r["curve"]
+                prev = c[-2] if len(c) > 1 else {"bytes_sent": 0, "step": 0}
+                per_step.append((c[-1]["bytes_sent"] - prev["bytes_sent"])
+                                / max(1, c[-1]["step"] - prev["step"]))
+            secs = [r["final"]["wall_s"] / len(r["curve"]) for r in rs]
+            return f" {sum(per_step) / len(per_step) / 1e3:.1f} kB, {sum(secs) / len(secs):.2f} s"
+
+        rows(cost_cell)
         lines.append("")
     return "\n".join(lines)
 

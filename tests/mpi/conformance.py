@@ -21,7 +21,6 @@ import argparse
 import os
 import sys
 import time
-import traceback
 import zlib
 
 import numpy as np
@@ -29,6 +28,7 @@ from mpi4py import MPI
 
 import kernels
 from collectives import ALGORITHMS, MPICommunicator
+from tests.mpi import abort_job
 
 WORLD = MPI.COMM_WORLD
 RANK, P = WORLD.Get_rank(), WORLD.Get_size()
@@ -301,12 +301,7 @@ def main(argv=None) -> int:
             if RANK == 0:
                 print(f"  {name:10s} ok  ({time.perf_counter() - t0:.1f}s)", flush=True)
     except Exception:
-        sys.stdout.flush()
-        sys.stderr.write(f"[rank {RANK}] FAILED {current} (P={P}, seed={seed})\n"
-                         + traceback.format_exc())
-        sys.stderr.flush()
-        WORLD.Abort(1)
-        return 1
+        return abort_job(WORLD, current, seed)
     if RANK == 0:
         print(f"conformance P={P}: {cases} cases passed", flush=True)
     return 0

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-import traceback
 import zlib
 
 import numpy as np
@@ -32,6 +31,7 @@ from mpi4py import MPI
 
 import kernels
 from collectives import MPICommunicator, OkTopk
+from tests.mpi import abort_job
 from collectives._oktopk import _budgets, _global_kth
 
 WORLD = MPI.COMM_WORLD
@@ -247,11 +247,7 @@ def main(argv=None) -> int:
             if RANK == 0:
                 print(f"  {name} ok", flush=True)
     except Exception:
-        sys.stderr.write(f"[rank {RANK}] FAILED {current} (P={P}, seed={seed})\n"
-                         + traceback.format_exc())
-        sys.stderr.flush()
-        WORLD.Abort(1)
-        return 1
+        return abort_job(WORLD, current, seed)
     if RANK == 0:
         print(f"oktopk checks P={P}: all passed", flush=True)
     return 0
