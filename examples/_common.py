@@ -45,9 +45,43 @@ def parser(description: str, *, epochs: int, batch_size: int, lr: float,
                         "or DistributedDataParallel with autotune.torch.allreduce_hook")
     p.add_argument("--max-steps-per-epoch", type=int, default=None,
                    help="cut every epoch short (smoke tests)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="where the model trains (cuda: one GPU per rank, local rank modulo GPUs)")
+    p.add_argument("--backend", choices=("mpi", "nccl"), default="mpi",
+                   help="gradient transport: MPI (host or CUDA-aware) or NCCL (needs --device cuda)")
     p.add_argument("--out", help="write the curves as JSON here (rank 0)")
     p.add_argument("--quiet", action="store_true")
     return p
+
+
+def setup(args) -> torch.device:
+    """Start the communicator for ``--backend`` and pick this rank's ``--device``.
+
+    Call before building tensors: returns the torch device the model and the
+    data should live on.  With NCCL, gradients stay on the GPU end to end
+    (torch -> DLPack -> cupy -> ncclAllReduce / ncclSend / ncclRecv).
+    """
+    if getattr(args, "_torch_device", None) is not None:
+        return args._torch_device
+    if args.backend == "nccl" and args.device != "cuda":
+        raise SystemExit("--backend nccl needs --device cuda")
+    if args.backend == "nccl":
+        import collectives
+
+        comm = autotune.init(collectives.NCCLCommunicator())
+    else:
+        comm = autotune.init()
+    if args.device == "cpu":
+        args._torch_device = torch.device("cpu")
+        return args._torch_device
+    if not torch.cuda.is_available():
+        raise SystemExit("--device cuda: torch sees no CUDA device")
+    dev = getattr(comm, "device", None)
+    if dev is None:
+        dev = int(os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", comm.rank)) % torch.cuda.device_count()
+    torch.cuda.set_device(dev)
+    args._torch_device = torch.device("cuda", dev)
+    return args._torch_device
 
 
 def configurations(args):
@@ -84,6 +118,7 @@ def run_grid(args, *, name: str, make_model, make_optimizer, train_step, evaluat
         n_train: number of training samples (windows).
         clip: clip the averaged gradient to this global norm (None: no).
     """
+    device = setup(args)
     comm = autotune.init()
     rank, P = comm.rank, comm.size
     torch.set_num_threads(1)
@@ -97,7 +132,7 @@ def run_grid(args, *, name: str, make_model, make_optimizer, train_step, evaluat
         steps_per_epoch = min(steps_per_epoch, args.max_steps_per_epoch)
     for algorithm, density, seed in configurations(args):
         torch.manual_seed(seed)
-        model = make_model()
+        model = make_model().to(device)
         at.broadcast_parameters(model)
         prefix = f"{name}.{algorithm}.{density}.{seed}.{len(runs)}"
         if args.integration == "ddp":
@@ -176,7 +211,9 @@ def run_grid(args, *, name: str, make_model, make_optimizer, train_step, evaluat
     result = {
         "example": name, "P": P, "argv": [os.path.relpath(sys.argv[0])] + sys.argv[1:], "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "machine": platform.platform(), "torch": torch.__version__,
-        "config": {k: v for k, v in vars(args).items() if k not in ("out", "quiet")},
+        "device": (torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"),
+        "backend": getattr(comm, "backend", "mpi"),
+        "config": {k: v for k, v in vars(args).items() if k not in ("out", "quiet", "_torch_device")},
         "steps_per_epoch": steps_per_epoch, "data": data_info, "runs": runs,
     }
     if rank == 0 and args.out:

@@ -21,7 +21,7 @@ from torch import nn
 from torch.nn import functional as F
 
 import autotune
-from _common import parser, run_grid
+from _common import parser, run_grid, setup
 
 
 def load():
@@ -49,11 +49,12 @@ def main(argv=None):
     ap.add_argument("--momentum", type=float, default=0.9)
     ap.add_argument("--clip", type=float, default=1.0, help="clip the averaged gradient's norm")
     args = ap.parse_args(argv)
-    Xtr, ytr, Xte, yte = load()
+    device = setup(args)
+    Xtr, ytr, Xte, yte = (t.to(device) for t in load())
     P = autotune.init().size
 
     def train_step(net, idx, B):
-        idx = torch.from_numpy(idx)
+        idx = torch.from_numpy(idx).to(Xtr.device)
         loss = F.cross_entropy(net(Xtr[idx]), ytr[idx], reduction="sum")
         # sum / B * P: the average over ranks is the global batch's mean gradient
         (loss * (P / B)).backward()

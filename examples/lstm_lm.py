@@ -30,7 +30,7 @@ from torch import nn
 from torch.nn import functional as F
 
 import autotune
-from _common import parser, run_grid
+from _common import parser, run_grid, setup
 
 TRAIN_MODULES = ("textwrap", "string", "shlex", "fnmatch", "glob", "bisect", "heapq",
                  "queue", "colorsys", "copy", "reprlib", "abc", "graphlib", "getopt",
@@ -79,6 +79,7 @@ def main(argv=None):
     ap.add_argument("--clip", type=float, default=0.5, help="clip the averaged gradient's norm")
     ap.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd")
     args = ap.parse_args(argv)
+    device = setup(args)
     P = autotune.init().size
     train, train_info = load(TRAIN_MODULES)
     val, val_info = load(VAL_MODULES)
@@ -89,10 +90,11 @@ def main(argv=None):
     v_win = (len(val) - 1) // T
     VX = torch.from_numpy(val[:v_win * T].reshape(v_win, T))
     VY = torch.from_numpy(val[1:v_win * T + 1].reshape(v_win, T))
+    X, Y, VX, VY = (t.to(device) for t in (X, Y, VX, VY))
     V = len(VOCAB) + 1
 
     def train_step(net, idx, B):
-        idx = torch.from_numpy(idx)
+        idx = torch.from_numpy(idx).to(X.device)
         logits = net(X[idx])
         loss = F.cross_entropy(logits.reshape(-1, V), Y[idx].reshape(-1), reduction="sum")
         (loss * (P / (B * T))).backward()  # averaged over ranks: the global mean per character
