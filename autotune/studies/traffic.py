@@ -44,10 +44,11 @@ def run(comm, *, n: int, density: float, iters: int, warmup: int, algorithms, se
     k = kernels.k_from_density(n, density)
     lower = 2 * k * (P - 1) / P * 4 if P > 1 else 1.0
     rows = []
-    for name in algorithms:
-        algo = ALGORITHMS[name](comm, check_finite=False)
+    for spec in algorithms:
+        name, kw = parse_spec(spec)
+        algo = ALGORITHMS[name](comm, check_finite=False, **kw)
         stream = gradient_stream(n, comm.rank, seed=seed)
-        sent, recv = [], []
+        sent, recv, avg = [], [], []
         phases: dict[str, int] = {}   # Ok-Topk: bytes per phase kind, summed over calls
         ncalls = 0
         for it in range(iters):
@@ -57,7 +58,9 @@ def run(comm, *, n: int, density: float, iters: int, warmup: int, algorithms, se
             mx = comm._allreduce(np.array([tot.bytes_sent, tot.bytes_recv], np.int64), "max")
             sent.append(int(mx[0]))
             recv.append(int(mx[1]))
-            if name == "oktopk" and it >= warmup:
+            # mean over ranks: sent and received totals are equal across the job
+            avg.append(int(comm._allreduce(np.array([tot.bytes_sent], np.int64), "sum")[0]) / P)
+            if name == "oktopk" and not kw and it >= warmup:
                 ncalls += 1
                 for ph, c in t.phases.items():
                     if c.bytes_sent or c.bytes_recv:
@@ -67,8 +70,10 @@ def run(comm, *, n: int, density: float, iters: int, warmup: int, algorithms, se
                         phases[kind] = phases.get(kind, 0) + max(c.bytes_sent, c.bytes_recv)
         s = np.array(sent[warmup:], dtype=np.float64) / lower
         r = np.array(recv[warmup:], dtype=np.float64) / lower
+        a = np.array(avg[warmup:], dtype=np.float64) / lower
         row = {
-            "P": P, "n": n, "density": density, "k": k, "algorithm": name,
+            "P": P, "n": n, "density": density, "k": k, "algorithm": spec,
+            "rank_mean": float(a.mean()),
             "iters": iters, "warmup": warmup, "lower_bound_bytes": lower,
             "sent_mean": float(s.mean()), "recv_mean": float(r.mean()),
             "sent_max": float(s.max()), "recv_max": float(r.max()),
@@ -76,7 +81,7 @@ def run(comm, *, n: int, density: float, iters: int, warmup: int, algorithms, se
             "bound_bytes": int(type(algo).traffic_bound(n, P, k, 4)),
             "max_bytes": int(max(max(sent), max(recv))),
         }
-        if name == "oktopk":
+        if name == "oktopk" and not kw:
             # this rank's mean per phase (bytes, max of the two directions), then max over ranks
             names = ["reduce", "balance", "allgather", "control"]
             local = np.array([phases.get(p, 0) / max(ncalls, 1) for p in names], dtype=np.float64)
@@ -88,6 +93,20 @@ def run(comm, *, n: int, density: float, iters: int, warmup: int, algorithms, se
             print(f"  P={P} {name:10s} sent {row['sent_mean']:.3f}x (max {row['sent_max']:.3f}) "
                   f"recv {row['recv_mean']:.3f}x (max {row['recv_max']:.3f})", flush=True)
     return rows
+
+
+def parse_spec(spec: str):
+    """``name`` or ``name@key=value,...`` (e.g. ``oktopk@tau=1``): an algorithm
+    with constructor keywords, numbers parsed as int or float."""
+    name, _, rest = spec.partition("@")
+    kw = {}
+    for item in filter(None, rest.split("+")):
+        key, _, val = item.partition("=")
+        try:
+            kw[key] = int(val)
+        except ValueError:
+            kw[key] = float(val)
+    return name, kw
 
 
 def format_table(rows) -> str:
@@ -104,6 +123,11 @@ def format_table(rows) -> str:
                          f"{r['sent_mean']:.2f} / {r['recv_mean']:.2f} "
                          f"({max(r['sent_max'], r['recv_max']):.2f})")
         lines.append(f"| {a} | " + " | ".join(cells) + " |")
+    lines += ["", "Mean over ranks (total bytes sent by all ranks / P, steady-state mean):", "",
+              "| algorithm | " + " | ".join(f"P={p}" for p in Ps) + " |", "|---|" + "---|" * len(Ps)]
+    for a in algos:
+        lines.append(f"| {a} | " + " | ".join(
+            f"{by[(p, a)]['rank_mean']:.3f}" if (p, a) in by else "" for p in Ps) + " |")
     ok = [by[(p, "oktopk")] for p in Ps if (p, "oktopk") in by]
     if ok:
         kinds = list(ok[0]["oktopk_phases"])
@@ -127,7 +151,9 @@ def main(argv=None) -> int:
     ap.add_argument("--iters", type=int, default=80)
     ap.add_argument("--warmup", type=int, default=16,
                     help="calls excluded from the steady-state mean")
-    ap.add_argument("--algorithms", default=DEFAULT_ALGOS)
+    ap.add_argument("--algorithms", default=DEFAULT_ALGOS,
+                    help="comma-separated; name@key=value+key=value passes constructor "
+                         "keywords, e.g. oktopk@tau=1")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", help="write the rows here (rank 0)")
     ap.add_argument("--np", help="outside MPI: comma-separated process counts to launch")
