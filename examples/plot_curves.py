@@ -6,6 +6,11 @@ One figure per (example, P): the test accuracy (digits CNN) or validation
 loss (LSTM) against epochs and against training wall time, one line per
 (algorithm, density): the mean over seeds, the band their min..max.
 Needs matplotlib (``pip install matplotlib``).
+
+``--tta`` also prints the time-to-accuracy table: per (algorithm, density),
+the training wall time (mean over seeds) until the metric first reaches
+dense's final value (mean over seeds), and the epoch; "not reached" when it
+never does within the run.
 """
 from __future__ import annotations
 
@@ -28,6 +33,7 @@ def load(paths):
         if "runs" not in d:
             continue
         g = groups.setdefault((d["example"], d["P"]), {})
+        g.setdefault("_where", _where(d))
         for r in d["runs"]:
             dens = None if r["algorithm"] in ("dense", "auto", "mpi") else r["density"]
             runs = g.setdefault((r["algorithm"], dens), [])
@@ -35,6 +41,45 @@ def load(paths):
                 continue  # a density-free run repeated for another density
             runs.append(r)
     return groups
+
+
+def _where(d) -> str:
+    """Where the runs trained, from the JSON (older files: CPU ranks over MPI)."""
+    dev, backend = d.get("device", "cpu"), d.get("backend", "mpi")
+    return "CPU ranks over MPI" if dev == "cpu" else f"{dev}, {backend.upper()}"
+
+
+def _series(groups):
+    for key, g in sorted(groups.items()):
+        yield key, g["_where"], {k: v for k, v in g.items() if k != "_where"}
+
+
+def time_to_target(groups) -> str:
+    """Markdown: wall time to reach dense's final metric, per (example, P, algorithm, density)."""
+    lines = ["| example | P | algorithm | density | target (dense final) | reached at epoch | "
+             "wall s to target (mean over seeds) | seeds reaching |", "|---|---|---|---|---|---|---|---|"]
+    for (example, P), where, series in _series(groups):
+        key, _ = METRIC.get(example, ("train_loss", "train loss"))
+        better = (lambda v, t: v >= t) if key == "test_acc" else (lambda v, t: v <= t)
+        dense = series.get(("dense", None))
+        if not dense:
+            continue
+        target = float(np.mean([r["final"][key] for r in dense]))
+        for (alg, dens), runs in sorted(series.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)):
+            n = min(len(r["curve"]) for r in runs)
+            y = np.array([[pt[key] for pt in r["curve"][:n]] for r in runs]).mean(0)
+            t = np.array([[pt["wall_s"] for pt in r["curve"][:n]] for r in runs]).mean(0)
+            hit = [i for i in range(n) if better(y[i], target)]
+            each = sum(any(better(pt[key], target) for pt in r["curve"]) for r in runs)
+            shown = f"{target:.4f}" if key != "test_acc" else f"{100 * target:.2f}%"
+            if hit:
+                i = hit[0]
+                lines.append(f"| {example} | {P} | {alg} | {'' if dens is None else f'{dens:g}'} | "
+                             f"{shown} | {i + 1} | {t[i]:.2f} | {each}/{len(runs)} |")
+            else:
+                lines.append(f"| {example} | {P} | {alg} | {'' if dens is None else f'{dens:g}'} | "
+                             f"{shown} | not reached ({n} epochs, {t[-1]:.2f} s) | - | {each}/{len(runs)} |")
+    return "\n".join(lines)
 
 
 def plot(groups, out_dir: Path) -> list[Path]:
@@ -45,7 +90,7 @@ def plot(groups, out_dir: Path) -> list[Path]:
 
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
-    for (example, P), series in sorted(groups.items()):
+    for (example, P), where, series in _series(groups):
         key, label = METRIC.get(example, ("train_loss", "train loss"))
         fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
         algs = sorted({a for a, _ in series})
@@ -73,7 +118,7 @@ def plot(groups, out_dir: Path) -> list[Path]:
         for ax in axes:
             ax.grid(alpha=0.3)
         axes[1].legend(fontsize=7, loc="best")
-        fig.suptitle(f"{example}, P={P} (CPU ranks, oversubscribed)")
+        fig.suptitle(f"{example}, P={P} ({where})")
         fig.tight_layout()
         path = out_dir / f"{example}_P{P}.png"
         fig.savefig(path, dpi=110)
@@ -86,9 +131,13 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("files", nargs="+", help="JSON files written by the examples")
     ap.add_argument("--out-dir", default="out/plots")
+    ap.add_argument("--tta", action="store_true", help="print the time-to-accuracy table")
     args = ap.parse_args(argv)
-    for p in plot(load(args.files), Path(args.out_dir)):
+    groups = load(args.files)
+    for p in plot(groups, Path(args.out_dir)):
         print(p)
+    if args.tta:
+        print(time_to_target(groups))
     return 0
 
 
