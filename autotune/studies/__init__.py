@@ -7,6 +7,9 @@
   delivers over 200 error-feedback iterations, and how Ok-Topk's threshold
   reuse interval tau' changes that (``mpiexec -n 4 python -m
   autotune.studies.quality``).
+- ``scaling``: weak scaling P = 2..32 measured (plain and 1 Gbit/s), the cost
+  model's error on those points, Piz Daint projection to P = 256
+  (``python -m autotune.studies.scaling measure|model|project|plot|report``).
 
 Both draw the same kind of data (``gradient_stream``) so their numbers can be
 read together.

@@ -1,0 +1,676 @@
+"""Scaling study: weak scaling measured at P = 2..32, the cost model's error on
+those points, and a projection to P = 256 with the Piz Daint profile.
+
+Subcommands (outside MPI; ``measure`` launches the ranks itself):
+
+    # weak scaling (n elements per rank, P grows), every MPI algorithm, raw rows
+    python -m autotune.studies.scaling measure --network plain --np 2,3,4,6,8,12,16,24,32 \\
+        --log2n 20,22,24 --budget 240 --profile-np 4 --out scaling_plain.json
+    # the same on the 1 Gbit/s namespace (root, `ip` and `tc` needed; exit 3 if unavailable)
+    python -m autotune.studies.scaling measure --network slow --setup-netns scalenet \\
+        --log2n 18,20 --repeat 3 --warmup 1 --profile-np 2 --out scaling_slow.json
+    # the cost model on every measured point (profile: --profile, else the embedded one)
+    python -m autotune.studies.scaling model scaling_plain.json scaling_slow.json
+    # Piz Daint projection for the paper's models, P = 16..256
+    python -m autotune.studies.scaling project
+    # PNGs (docs/img/scaling_*.png) and the markdown tables for docs/BENCHMARKS.md
+    python -m autotune.studies.scaling plot scaling_plain.json scaling_slow.json --outdir docs/img
+    python -m autotune.studies.scaling report scaling_plain.json scaling_slow.json
+
+``measure`` runs ``autotune bench``'s ``sweep`` (same data, timing, traffic
+and phase split) once per P under ``mpiexec -n P`` (``--oversubscribe`` only
+when P exceeds the cores), optionally profiles the machine first (``autotune
+profile --quick`` at ``--profile-np`` ranks, killed after ``--profile-share``
+of the budget) and writes ONE JSON file: the
+rows of every P (raw repeats, bytes, split), the profile, and what was
+skipped.  ``--budget`` bounds the whole sweep: a P whose estimated time
+(the previous P's, scaled by the ratio of P) does not fit is skipped and
+recorded, and a launch still running when the budget ends is killed.
+
+On ``--network slow`` every rank shares ONE rate-limited loopback, so the
+time is roughly total bytes / 125 MB/s: a dense allreduce of 2^20 floats at
+P = 32 moves 2n(P-1)*4 B = 260 MB, about 2 s per call.  Keep n small there.
+
+The cost model is ``autotune.costmodel`` unchanged.  Its ``Machine`` takes
+the profile's betas as fitted at the profile's P; on one host (a single
+shared medium, ``shared_medium`` in the profile) the fitted beta already
+contains the contention of that P.  ``model`` therefore reports two errors:
+*as fitted* (Machine.from_profile as is) and *rescaled* (beta scaled by
+``autotune.profile.concurrency`` to each P, the rule ``Profile.predict``
+documents).  Piz Daint's profile is not a shared medium: no rescaling.
+
+No optuna, no matplotlib needed to measure (the lent GPU machine has neither
+optuna nor, possibly, matplotlib); plots are drawn where the JSON is read.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+import profiles
+
+from .. import costmodel
+from ..profile import Profile, concurrency
+
+DEFAULT_NP = "2,3,4,6,8,12,16,24,32"
+DEFAULT_LOG2N = {"plain": "20,22,24", "slow": "18,20"}
+PROJECT_P = (16, 32, 64, 128, 256)
+DAINT = str(Path(profiles.__file__).parent / "piz_daint.json")  # shipped with the package
+# Order of columns everywhere; native MPI_Allreduce first, then Table 1's order.
+ALGO_ORDER = ("mpi", "dense", "topka", "gaussiank", "gtopk", "topkdsa", "oktopk", "topka2a")
+SLOW_NETNS_QDISC = "tbf rate 1gbit burst 1mb latency 500ms"
+SLOW_MPI_ENV = {"OMPI_MCA_btl": "tcp,self", "OMPI_MCA_btl_tcp_if_include": "lo",
+                "OMPI_MCA_pml": "ob1"}
+
+# The paper's three models (Li & Hoefler, PPoPP'22, arXiv:2201.07598).  n is the
+# number of trainable parameters of the model as the public reference code
+# (github.com/Shigangli/Ok-Topk) builds it, counted here layer by layer; the
+# density is the one its Ok-Topk job scripts pass.  The paper's own table of
+# model sizes and densities was NOT found in the text available to us.
+PAPER_MODELS = {
+    "VGG-16 (Cifar-10)": dict(
+        n=14_728_266, density=0.02,
+        n_source="VGG-16 for 32x32 inputs (13 conv3x3 + BatchNorm, one 512x10 linear), "
+                 "counted with torch.nn: 14,728,266 (the 14.7M of the issue)",
+        density_source="VGG/vgg16_oktopk.sh: density=0.02"),
+    "LSTM (AN4)": dict(
+        n=27_569_568, density=0.02,
+        n_source="reference LSTM/models/lstman4.py: DeepSpeech, 2 conv + 5 unidirectional "
+                 "LSTM layers of 800, lookahead 20, 29 labels; counted with torch.nn: 27,569,568",
+        density_source="LSTM/lstm_oktopk.sh: density=0.02"),
+    "BERT (Wikipedia)": dict(
+        n=110_106_428, density=0.01,
+        n_source="reference BERT/bert/bert_oktopk.sh trains bert-base-uncased "
+                 "(configs/bert_config_bert-base-uncased.json): BERT-base with the "
+                 "pre-training heads, 110,106,428 (Devlin et al.: 'BERT-BASE ... 110M')",
+        density_source="BERT/bert/bert_oktopk.sh: --density 0.01"),
+}
+# What the paper reports that we could read (its abstract, arXiv:2201.07598):
+# {model: {P: (low, high, text)}}.  Whole training steps, not the allreduce alone.
+PAPER_REPORTED = {
+    "BERT (Wikipedia)": {
+        256: (3.29, 12.95, "3.29x-12.95x training throughput over dense and the sparse "
+                           "baselines (abstract; whole training step; per-baseline split not found)")},
+}
+
+
+def _color(algo: str):
+    import matplotlib.pyplot as plt
+
+    i = ALGO_ORDER.index(algo) if algo in ALGO_ORDER else len(ALGO_ORDER)
+    return plt.cm.tab10(i % 10)
+
+
+# -- measure -----------------------------------------------------------------------
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def _launch_argv(P: int, argv: list[str], *, mpiexec: str | None, netns: str | None) -> list[str]:
+    """mpiexec -n P [--oversubscribe --bind-to none] argv, inside ``netns`` if given."""
+    from .._mpirun import find_mpiexec
+
+    cmd = [mpiexec or find_mpiexec(), "-n", str(P)]
+    if P > _cores():
+        cmd += ["--oversubscribe", "--bind-to", "none"]
+    cmd += argv
+    if netns:
+        cmd = ["ip", "netns", "exec", netns, *cmd]
+    return cmd
+
+
+def _portable(cmd: list[str], tmpdir: str | None = None) -> list[str]:
+    """The argv as recorded: interpreter and launcher by name, temporary files
+    as <tmp>/..., not by this machine's paths."""
+    out = []
+    for a in cmd:
+        if tmpdir and a.startswith(tmpdir):
+            out.append("<tmp>" + a[len(tmpdir):])
+        elif a == sys.executable:
+            out.append("python")
+        elif os.sep in a and os.path.basename(a) in ("mpiexec", "mpirun"):
+            out.append(os.path.basename(a))
+        else:
+            out.append(a)
+    return out
+
+
+def _run(cmd, env, timeout_s: float) -> tuple[int, float]:
+    """Run ``cmd`` in its own process group; kill the group on timeout.  (rc, seconds)."""
+    t0 = time.perf_counter()
+    p = subprocess.Popen(cmd, env=env, start_new_session=True)
+    try:
+        rc = p.wait(timeout=max(timeout_s, 1.0))
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGTERM)
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+        rc = 124
+    return rc, time.perf_counter() - t0
+
+
+class NetnsUnavailable(RuntimeError):
+    """The 1 Gbit/s namespace cannot be made here (not root, no ip/tc, not permitted)."""
+
+
+def setup_netns(name: str) -> None:
+    """Create namespace ``name`` with a 1 Gbit/s token bucket on its loopback
+    (../shared/MACHINES.md's recipe).  Raises NetnsUnavailable with the reason."""
+    missing = [t for t in ("ip", "tc") if shutil.which(t) is None]
+    if missing:
+        raise NetnsUnavailable(f"{' and '.join(missing)} not installed")
+    if hasattr(os, "geteuid") and os.geteuid() != 0:
+        raise NetnsUnavailable("creating a network namespace needs root")
+    steps = [["ip", "netns", "add", name],
+             ["ip", "netns", "exec", name, "ip", "link", "set", "lo", "up"],
+             ["ip", "netns", "exec", name, "tc", "qdisc", "add", "dev", "lo", "root",
+              *SLOW_NETNS_QDISC.split()]]
+    for s in steps:
+        r = subprocess.run(s, capture_output=True, text=True)
+        if r.returncode:
+            if s[2] != "add" or s[1] != "netns":
+                teardown_netns(name)
+            raise NetnsUnavailable(f"`{' '.join(s)}` failed: {r.stderr.strip() or r.returncode}")
+
+
+def teardown_netns(name: str) -> None:
+    subprocess.run(["ip", "netns", "del", name], capture_output=True)
+
+
+def measure(*, network: str, nps, sizes, density: float, repeat: int, warmup: int,
+            budget_s: float, algorithms: str, out: str, profile_np: int | None = None,
+            profile_max_bytes: str | None = None, profile_share: float = 0.4,
+            mpiexec: str | None = None, netns: str | None = None) -> dict:
+    """Launch one bench sweep per P and merge the rows into one result dict (written to ``out``)."""
+    from .._mpirun import mpi_env
+
+    env = mpi_env(SLOW_MPI_ENV if network == "slow" else None)
+    t_start = time.perf_counter()
+    result = {
+        "study": "scaling", "network": network, "density": density, "sizes": list(sizes),
+        "process_counts": list(nps), "repeat": repeat, "warmup": warmup, "budget_s": budget_s,
+        "cores": _cores(), "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "loadavg_start": list(os.getloadavg()), "netns": netns,
+        "timing": "autotune.bench.sweep: median of `repeat` calls after `warmup`, each after a "
+                  "barrier, slowest rank; n elements (float32) per rank",
+        "rows": [], "skipped": [], "launches": [], "profile": None,
+    }
+
+    def save():
+        result["elapsed_s"] = time.perf_counter() - t_start
+        result["loadavg_end"] = list(os.getloadavg())
+        tmp = f"{out}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(result, f, indent=1)
+        os.replace(tmp, out)
+
+    with tempfile.TemporaryDirectory() as d:
+        if profile_np:
+            pout = os.path.join(d, "profile.json")
+            argv = [sys.executable, "-m", "autotune.cli", "profile", "--quick", "--quiet",
+                    "--network", "tcp-1gbit" if network == "slow" else "shm", "--out", pout]
+            if profile_max_bytes:
+                argv += ["--max-bytes", profile_max_bytes]
+            cmd = _launch_argv(profile_np, argv, mpiexec=mpiexec, netns=netns)
+            print(f"scaling: profile at P={profile_np}: {' '.join(_portable(cmd, d))}", flush=True)
+            # at most profile_share of the budget, so that the sweep itself always gets time
+            rc, el = _run(cmd, env, profile_share * budget_s)
+            result["launches"].append({"what": "profile", "P": profile_np, "rc": rc,
+                                       "seconds": el, "argv": _portable(cmd, d)})
+            if rc == 0:
+                with open(pout) as f:
+                    result["profile"] = json.load(f)
+            else:
+                why = "over its share of the budget" if rc == 124 else f"exit status {rc}"
+                print(f"scaling: profile failed ({why}); continuing without it", file=sys.stderr)
+        last = None  # (P, seconds) of the last completed launch
+        for P in nps:
+            elapsed = time.perf_counter() - t_start
+            left = budget_s - elapsed
+            est = last[1] * P / last[0] if last else 0.0
+            if left <= 0 or est > left:
+                why = (f"budget: {elapsed:.0f} s of {budget_s:.0f} s used, P={P} estimated "
+                       f"{est:.0f} s")
+                result["skipped"].append({"P": P, "reason": why})
+                print(f"scaling: skip P={P} ({why})", flush=True)
+                continue
+            rows_out = os.path.join(d, f"rows_P{P}.json")
+            argv = [sys.executable, "-m", "autotune.studies.scaling", "_rank",
+                    "--log2n", ",".join(str(int(math.log2(n))) for n in sizes),
+                    "--density", str(density), "--repeat", str(repeat), "--warmup", str(warmup),
+                    "--json", rows_out]
+            if algorithms:
+                argv += ["--algorithms", algorithms]
+            cmd = _launch_argv(P, argv, mpiexec=mpiexec, netns=netns)
+            load0 = os.getloadavg()[0]
+            rc, el = _run(cmd, env, left)
+            result["launches"].append({"what": "sweep", "P": P, "rc": rc, "seconds": el,
+                                       "loadavg_1min": [load0, os.getloadavg()[0]],
+                                       "oversubscribed": P > _cores(), "argv": _portable(cmd, d)})
+            if rc == 0:
+                with open(rows_out) as f:
+                    result["rows"] += json.load(f)
+                last = (P, el)
+                print(f"scaling: P={P} done in {el:.1f} s", flush=True)
+            else:
+                why = "killed at the end of the budget" if rc == 124 else f"exit status {rc}"
+                result["skipped"].append({"P": P, "reason": why})
+                print(f"scaling: P={P} failed ({why})", file=sys.stderr, flush=True)
+            save()
+    save()
+    return result
+
+
+def rank_main(args) -> int:
+    """Under MPI: one bench sweep at this P; rank 0 writes the rows."""
+    import collectives
+    from collectives import ALGORITHMS
+
+    from ..bench import sweep
+
+    comm = collectives.MPICommunicator()
+    if args.algorithms:
+        algos = [a for a in args.algorithms.split(",") if a]
+    else:
+        algos = [a for a, c in ALGORITHMS.items() if c.supports(comm)]
+    unknown = [a for a in algos if a not in ALGORITHMS]
+    if unknown:
+        if comm.rank == 0:
+            print(f"unknown algorithm(s) {unknown}; registered: {sorted(ALGORITHMS)}",
+                  file=sys.stderr)
+        return 2
+    sizes = [1 << int(e) for e in args.log2n.split(",")]
+
+    def progress(r):
+        if comm.rank == 0:
+            print(f"  P={r['P']} n=2^{int(math.log2(r['n']))} {r['algorithm']:10s} "
+                  f"{1e3 * r['median_s']:10.2f} ms", flush=True)
+
+    rows = sweep(comm, sizes, algos, args.density, args.repeat, args.warmup, progress=progress)
+    if comm.rank == 0:
+        with open(args.json, "w") as f:
+            json.dump(rows, f)
+    return 0
+
+
+# -- model -------------------------------------------------------------------------
+def load_results(path) -> dict:
+    with open(path) as f:
+        res = json.load(f)
+    if res.get("study") != "scaling" or "rows" not in res:
+        raise ValueError(f"{path}: not a scaling-study result (no study='scaling' / rows)")
+    return res
+
+
+def machine_at(prof: dict, P: int, *, rescale: bool = True) -> costmodel.Machine:
+    """The cost model's Machine for P ranks.  With ``rescale`` and a profile
+    measured on one shared medium at another P, each primitive's beta is
+    scaled by concurrency(primitive, P) / concurrency(primitive, P_profile)
+    (each regime segment's beta too, where the profile has segments)."""
+    P0 = int(prof["fingerprint"]["P"])
+    if rescale and P != P0:
+        prof = copy.deepcopy(prof)
+        for name, rec in prof["primitives"].items():
+            if rec.get("shared_medium"):
+                f = concurrency(name, P) / concurrency(name, P0)
+                rec["beta_s_per_byte"] *= f
+                for seg in rec.get("segments") or ():  # per-regime fits, where the profile has them
+                    seg["beta_s_per_byte"] *= f
+    return costmodel.Machine.from_profile(prof)
+
+
+def model_errors(rows, prof: dict) -> list[dict]:
+    """Per measured row: the cost model's prediction (as fitted and rescaled to
+    the row's P) and the relative error |pred - measured| / measured."""
+    Profile(prof)  # validates the schema: one clear ProfileError per problem
+    fitted = costmodel.Machine.from_profile(prof)
+    cache = {}
+    out = []
+    for r in rows:
+        a = r["algorithm"]
+        if a not in costmodel.TERMS:
+            continue
+        P = int(r["P"])
+        if P not in cache:
+            cache[P] = machine_at(prof, P)
+        meas = float(r["median_s"])
+        p_fit = costmodel.predict(fitted, a, r["n"], P, r["density"])
+        p_res = costmodel.predict(cache[P], a, r["n"], P, r["density"])
+        out.append({"algorithm": a, "n": r["n"], "P": P, "density": r["density"],
+                    "measured_s": meas, "pred_fitted_s": p_fit, "pred_rescaled_s": p_res,
+                    "err_fitted": abs(p_fit - meas) / meas, "err_rescaled": abs(p_res - meas) / meas})
+    return out
+
+
+def error_summary(errs) -> dict:
+    """{algorithm or 'all': (median err as fitted, median err rescaled, points)}."""
+    by = defaultdict(list)
+    for e in errs:
+        by[e["algorithm"]].append(e)
+        by["all"].append(e)
+    return {a: (float(np.median([e["err_fitted"] for e in v])),
+                float(np.median([e["err_rescaled"] for e in v])), len(v))
+            for a, v in by.items()}
+
+
+def _profile_for(res: dict, override: dict | None) -> dict:
+    prof = override if override is not None else res.get("profile")
+    if prof is None:
+        raise ValueError(f"the {res['network']} results carry no profile (measure ran without "
+                         "--profile-np or it failed): pass --profile FILE")
+    return prof
+
+
+# -- project -----------------------------------------------------------------------
+def project(prof: dict, models=PAPER_MODELS, Ps=PROJECT_P, algorithms=ALGO_ORDER,
+            tau_prime: int = 32) -> list[dict]:
+    """Predicted seconds per allreduce of every algorithm, per model and P,
+    and each one's speedup over dense (Rabenseifner)."""
+    Profile(prof)
+    out = []
+    for model, spec in models.items():
+        for P in Ps:
+            M = machine_at(prof, P)
+            t = {a: costmodel.predict(M, a, spec["n"], P, spec["density"], tau_prime=tau_prime)
+                 for a in algorithms}
+            out.append({"model": model, "n": spec["n"], "density": spec["density"], "P": P,
+                        "pred_s": t, "speedup_vs_dense": {a: t["dense"] / v for a, v in t.items()}})
+    return out
+
+
+# -- tables ------------------------------------------------------------------------
+def _algos(rows):
+    present = {r["algorithm"] for r in rows}
+    return [a for a in ALGO_ORDER if a in present] + sorted(present - set(ALGO_ORDER))
+
+
+def measured_table(res: dict) -> str:
+    rows = res["rows"]
+    algos = _algos(rows)
+    by = {(r["n"], r["P"], r["algorithm"]): r for r in rows}
+    lines = [f"Network: {res['network']}, density {res['density']}, cells: median ms "
+             f"(speedup over dense), {res['cores']} cores, started {res['started']}, "
+             f"load {res['loadavg_start'][0]:.2f} -> {res.get('loadavg_end', [float('nan')])[0]:.2f}",
+             "", "| n | P | " + " | ".join(algos) + " |", "|---|---|" + "---|" * len(algos)]
+    for n in sorted({r["n"] for r in rows}):
+        for P in sorted({r["P"] for r in rows if r["n"] == n}):
+            d = by.get((n, P, "dense"))
+            cells = []
+            for a in algos:
+                r = by.get((n, P, a))
+                if r is None:
+                    cells.append("")
+                elif d:
+                    cells.append(f"{1e3 * r['median_s']:.2f} ({d['median_s'] / r['median_s']:.2f}x)")
+                else:
+                    cells.append(f"{1e3 * r['median_s']:.2f}")
+            lines.append(f"| 2^{int(math.log2(n))} | {P} | " + " | ".join(cells) + " |")
+    for s in res.get("skipped", []):
+        lines.append(f"\nSkipped P={s['P']}: {s['reason']}")
+    return "\n".join(lines)
+
+
+def error_table(summaries: dict) -> str:
+    """summaries: {network: error_summary(...)}."""
+    nets = list(summaries)
+    algos = [a for a in ALGO_ORDER if any(a in s for s in summaries.values())] + ["all"]
+    lines = ["Cost model median relative error |predicted - measured| / measured "
+             "(as fitted / beta rescaled to each P; points)", "",
+             "| algorithm | " + " | ".join(nets) + " |", "|---|" + "---|" * len(nets)]
+    for a in algos:
+        cells = []
+        for net in nets:
+            v = summaries[net].get(a)
+            cells.append("" if v is None else f"{100 * v[0]:.0f}% / {100 * v[1]:.0f}% ({v[2]})")
+        name = "**all**" if a == "all" else a
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def projection_table(proj) -> str:
+    algos = list(proj[0]["pred_s"])
+    sparse = [a for a in algos if a != "dense"]
+    lines = ["Projected time per allreduce with profiles/piz_daint.json (ms) and the speedup "
+             "over dense (Rabenseifner)", "",
+             "| model (n, density) | P | dense ms | " + " | ".join(sparse) + " | paper reports |",
+             "|---|---|---|" + "---|" * len(sparse) + "---|"]
+    for r in proj:
+        paper = PAPER_REPORTED.get(r["model"], {}).get(r["P"], (0, 0, ""))[2]
+        cells = [f"{1e3 * r['pred_s'][a]:.2f} ({r['speedup_vs_dense'][a]:.2f}x)" for a in sparse]
+        lines.append(f"| {r['model']} ({r['n'] / 1e6:.2f}M, {100 * r['density']:g}%) | {r['P']} | "
+                     f"{1e3 * r['pred_s']['dense']:.2f} | " + " | ".join(cells) + f" | {paper} |")
+    return "\n".join(lines)
+
+
+# -- plots -------------------------------------------------------------------------
+def plot_measured(res: dict, outdir, prof: dict | None = None) -> Path:
+    """Measured median time vs P, one panel per n, one line per algorithm;
+    dashed: the cost model (beta rescaled to each P) when a profile is given."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = res["rows"]
+    sizes = sorted({r["n"] for r in rows})
+    algos = _algos(rows)
+    fig, axes = plt.subplots(1, len(sizes), figsize=(5 * len(sizes), 4.2), squeeze=False)
+    colors = {a: _color(a) for a in algos}
+    for ax, n in zip(axes[0], sizes):
+        for a in algos:
+            pts = sorted((r["P"], r["median_s"]) for r in rows if r["n"] == n and r["algorithm"] == a)
+            if not pts:
+                continue
+            P, t = zip(*pts)
+            ax.plot(P, np.array(t) * 1e3, "o-", color=colors[a], label=a, ms=3)
+            if prof is not None and a in costmodel.TERMS:
+                pred = [costmodel.predict(machine_at(prof, p), a, n, p, res["density"]) for p in P]
+                ax.plot(P, np.array(pred) * 1e3, "--", color=colors[a], lw=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("P (ranks)")
+        ax.set_ylabel("ms per call (median, slowest rank)")
+        ax.set_title(f"n = 2^{int(math.log2(n))} per rank, {res['network']}")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].legend(fontsize=7, ncol=2)
+    if prof is not None:
+        fig.text(0.01, 0.01, "dashed: cost model (profile's beta rescaled to each P)", fontsize=7)
+    fig.tight_layout()
+    path = Path(outdir) / f"scaling_measured_{res['network']}.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_projection(proj, outdir) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = list(dict.fromkeys(r["model"] for r in proj))
+    algos = [a for a in proj[0]["pred_s"] if a != "dense"]
+    fig, axes = plt.subplots(1, len(models), figsize=(5 * len(models), 4.2), squeeze=False)
+    for ax, m in zip(axes[0], models):
+        rs = [r for r in proj if r["model"] == m]
+        P = [r["P"] for r in rs]
+        for a in algos:
+            ax.plot(P, [r["speedup_vs_dense"][a] for r in rs], "o-", ms=3, label=a,
+                    color=_color(a), lw=2.2 if a == "oktopk" else 1.0)
+        for p, (lo, hi, _) in PAPER_REPORTED.get(m, {}).items():
+            ax.vlines(p, lo, hi, color="k", lw=6, alpha=0.25,
+                      label="paper: Ok-Topk training\nthroughput gain (all baselines)")
+            ax.annotate(f"{lo:g}x-{hi:g}x", (p, hi), fontsize=7, ha="right", va="bottom")
+        ax.axhline(1.0, color="k", lw=0.6)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("P (GPUs)")
+        ax.set_ylabel("predicted speedup over dense allreduce")
+        ax.set_title(f"{m}: n={rs[0]['n'] / 1e6:.1f}M, density {100 * rs[0]['density']:g}%")
+        ax.grid(True, which="both", alpha=0.3)
+    for ax in axes[0]:
+        if PAPER_REPORTED.get(ax.get_title().split(":")[0]):
+            ax.legend(fontsize=6, loc="lower left")
+    axes[0][0].legend(fontsize=7, ncol=2)
+    fig.suptitle("Cost model with profiles/piz_daint.json (published figures, not measured)",
+                 fontsize=9)
+    fig.tight_layout()
+    path = Path(outdir) / "scaling_projected_piz_daint.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+# -- CLI ---------------------------------------------------------------------------
+def _load_profile_file(path) -> dict:
+    return Profile.load(path).data
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m autotune.studies.scaling",
+                                 description=__doc__.splitlines()[0],
+                                 epilog=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    m = sub.add_parser("measure", help="weak-scaling sweep over P (launches mpiexec per P)")
+    m.add_argument("--network", choices=["plain", "slow"], required=True,
+                   help="label; slow = run inside the 1 Gbit/s namespace (MPI forced onto TCP)")
+    m.add_argument("--np", default=DEFAULT_NP, help=f"process counts (default {DEFAULT_NP})")
+    m.add_argument("--log2n", help="log2 of n per rank, comma-separated "
+                                   f"(default plain {DEFAULT_LOG2N['plain']}, slow {DEFAULT_LOG2N['slow']})")
+    m.add_argument("--density", type=float, default=0.01)
+    m.add_argument("--repeat", type=int, default=5)
+    m.add_argument("--warmup", type=int, default=2)
+    m.add_argument("--budget", type=float, default=240.0, help="seconds for the whole sweep")
+    m.add_argument("--algorithms", default="", help="comma-separated (default: all MPI ones)")
+    m.add_argument("--profile-np", type=int, default=0,
+                   help="first run `autotune profile --quick` at this P and embed it (0: no)")
+    m.add_argument("--profile-max-bytes", help="largest message of that profile, e.g. 1M (on the "
+                   "slow network keep it >= 4M: the 1 MB token-bucket burst hides the bandwidth "
+                   "below that)")
+    m.add_argument("--profile-share", type=float, default=0.4,
+                   help="the profile is killed after this fraction of --budget (default 0.4)")
+    m.add_argument("--mpiexec", help="launcher (default: the one beside python, else on PATH)")
+    m.add_argument("--setup-netns", metavar="NAME",
+                   help="with --network slow: create namespace NAME (1 Gbit/s tbf on lo), run "
+                        "every launch inside it, delete it at the end; exit 3 if impossible")
+    m.add_argument("--out", required=True, help="result JSON (rows of every P + profile)")
+
+    r = sub.add_parser("_rank", help=argparse.SUPPRESS)
+    r.add_argument("--log2n", required=True)
+    r.add_argument("--density", type=float, required=True)
+    r.add_argument("--repeat", type=int, required=True)
+    r.add_argument("--warmup", type=int, required=True)
+    r.add_argument("--algorithms", default="")
+    r.add_argument("--json", required=True)
+
+    for name, hlp in (("model", "cost-model error on every measured point"),
+                      ("plot", "PNGs: measured time vs P, projected speedup vs P"),
+                      ("report", "markdown tables: measured, model error, projection")):
+        s = sub.add_parser(name, help=hlp)
+        s.add_argument("results", nargs="*", help="measure's JSON files")
+        s.add_argument("--profile", help="profile for the model (default: each file's own)")
+        s.add_argument("--daint", default=DAINT, help="profile for the projection")
+        if name == "plot":
+            s.add_argument("--outdir", default=".")
+        if name == "model":
+            s.add_argument("--points", action="store_true", help="also print every point")
+    p = sub.add_parser("project", help="Piz Daint projection of the paper's models, P=16..256")
+    p.add_argument("--daint", default=DAINT, help="profile for the projection")
+    p.add_argument("--json", help="also write the projection here")
+
+    args = ap.parse_args(argv)
+    if args.cmd == "_rank":
+        return rank_main(args)
+    if args.cmd == "measure":
+        nps = [int(v) for v in args.np.split(",") if v]
+        sizes = [1 << int(e) for e in (args.log2n or DEFAULT_LOG2N[args.network]).split(",")]
+        if args.setup_netns and args.network != "slow":
+            ap.error("--setup-netns goes with --network slow")
+        netns = None
+        if args.setup_netns:
+            try:
+                setup_netns(args.setup_netns)
+            except NetnsUnavailable as e:
+                print(f"scaling: the 1 Gbit/s namespace is not available here: {e}; "
+                      "slow-network sweep not run", file=sys.stderr)
+                return 3
+            netns = args.setup_netns
+        try:
+            res = measure(network=args.network, nps=nps, sizes=sizes, density=args.density,
+                          repeat=args.repeat, warmup=args.warmup, budget_s=args.budget,
+                          algorithms=args.algorithms, out=args.out, profile_np=args.profile_np,
+                          profile_max_bytes=args.profile_max_bytes,
+                          profile_share=args.profile_share, mpiexec=args.mpiexec,
+                          netns=netns)
+        finally:
+            if netns:
+                teardown_netns(netns)
+        print(measured_table(res))
+        return 0 if res["rows"] else 1
+
+    results = [load_results(f) for f in getattr(args, "results", [])]
+    override = _load_profile_file(args.profile) if getattr(args, "profile", None) else None
+    daint = _load_profile_file(args.daint)
+    if args.cmd == "project":
+        proj = project(daint)
+        print(projection_table(proj))
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(proj, f, indent=1)
+        return 0
+    if args.cmd == "model":
+        summaries = {}
+        for res in results:
+            errs = model_errors(res["rows"], _profile_for(res, override))
+            summaries[res["network"]] = error_summary(errs)
+            if args.points:
+                for e in errs:
+                    print(f"{res['network']} P={e['P']} n=2^{int(math.log2(e['n']))} "
+                          f"{e['algorithm']:10s} measured {1e3 * e['measured_s']:.2f} ms "
+                          f"model {1e3 * e['pred_fitted_s']:.2f} / {1e3 * e['pred_rescaled_s']:.2f} ms")
+        print(error_table(summaries))
+        return 0
+    if args.cmd == "plot":
+        os.makedirs(args.outdir, exist_ok=True)
+        for res in results:
+            prof = override if override is not None else res.get("profile")
+            print(plot_measured(res, args.outdir, prof))
+        print(plot_projection(project(daint), args.outdir))
+        return 0
+    # report
+    parts = []
+    summaries = {}
+    for res in results:
+        parts.append(measured_table(res))
+        prof = override if override is not None else res.get("profile")
+        if prof is not None:
+            summaries[res["network"]] = error_summary(model_errors(res["rows"], prof))
+    if summaries:
+        parts.append(error_table(summaries))
+    parts.append(projection_table(project(daint)))
+    print("\n\n".join(parts))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
