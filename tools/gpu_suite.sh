@@ -2,7 +2,8 @@
 # GPU checks and benchmarks in one go, on a machine with NP >= 2 GPUs (the
 # lent GPU machine has system Open MPI, cupy with NCCL, torch).  Run from the
 # repository root:  NP=2 OUT=/tmp/out STAGES="conf bench profile" tools/gpu_suite.sh
-# Writes JSON results under $OUT (bench_*.json, profile_*.json) and logs to stdout.
+# Writes JSON results under $OUT (bench_*.json, profile_*.json, scaling_*.json) and logs to
+# stdout.  STAGES="scaling" runs the CPU-rank scaling study alone (no GPU needed).
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
@@ -54,6 +55,26 @@ profile)
     "${MPI[@]}" "${extra[@]}" $PY -m autotune.cli profile --device gpu --quick --quiet \
       --network "$net" --out "$OUT/profile_gpu_${net}_P${NP}.json"
   done
+  ;;
+scaling)
+  # CPU ranks only (no GPU used): weak scaling P=2..32 of every MPI algorithm, each network
+  # profiled first (autotune profile --quick) so the cost model can be checked on the points.
+  # Writes $OUT/scaling_plain.json and, where `ip netns` + `tc` work, $OUT/scaling_slow.json.
+  SNP=${SCALING_NP:-2,3,4,6,8,12,16,24,32}
+  step "scaling plain (shared memory), CPU ranks P=$SNP, budget ${SCALING_BUDGET:-240} s"
+  uptime
+  $PY -m autotune.studies.scaling measure --network plain --np "$SNP" \
+    --log2n ${SCALING_LOG2N:-20,22,24} --repeat ${SCALING_REPEAT:-5} --warmup 2 \
+    --budget ${SCALING_BUDGET:-240} --profile-np 4 --mpiexec mpirun \
+    --out "$OUT/scaling_plain.json" | grep -v "^  P="
+  step "scaling slow (1 Gbit/s namespace, MPI over TCP), CPU ranks P=$SNP"
+  uptime
+  # exit 3: the namespace cannot be made here (no ip/tc, or not permitted): skipped, said why
+  $PY -m autotune.studies.scaling measure --network slow --setup-netns autotune_scaling \
+    --np "$SNP" --log2n ${SCALING_LOG2N_SLOW:-18,20} --repeat 3 --warmup 1 \
+    --budget ${SCALING_BUDGET:-240} --profile-np 2 --mpiexec mpirun \
+    --out "$OUT/scaling_slow.json" | grep -v "^  P="
+  [ "${PIPESTATUS[0]}" = 3 ] && echo "scaling: slow network SKIPPED (see the reason above)"
   ;;
 esac; done
 step "done"
