@@ -52,8 +52,8 @@ profile)
   for net in nvlink sockets; do
     extra=(); [ $net = sockets ] && extra=("${SOCK[@]}")
     step "profile $net P=$NP"
-    "${MPI[@]}" "${extra[@]}" $PY -m autotune.cli profile --device gpu --quick --quiet \
-      --network "$net" --out "$OUT/profile_gpu_${net}_P${NP}.json"
+    "${MPI[@]}" "${extra[@]}" $PY -m autotune.cli profile --device gpu --backend nccl \
+      ${PROFILE_PLAN:---quick} --quiet --network "$net" --out "$OUT/profile_gpu_${net}_P${NP}.json"
   done
   ;;
 scaling)
