@@ -63,6 +63,12 @@ def build_parser() -> argparse.ArgumentParser:
                     help="measurement plan (overrides --quick; 'tiny' is for tests)")
     pr.add_argument("--device", choices=["cpu", "gpu"], default="cpu",
                     help="where tensors live (gpu: cupy arrays)")
+    pr.add_argument("--backend", choices=["mpi", "nccl"], default="mpi",
+                    help="communicator the primitives and algorithms are measured through: MPI, "
+                         "or NCCL between GPUs (with --device gpu; MPI stays for control)")
+    pr.add_argument("--refit", metavar="FILE",
+                    help="measure nothing: refit FILE's alpha/beta (and regime segments) from its "
+                         "stored raw samples, write it back (or to --out)")
     pr.add_argument("--network", metavar="LABEL",
                     help="network label stored in the fingerprint, e.g. shm, tcp-1gbit, aries "
                          "(default: shm on one host)")

@@ -9,7 +9,8 @@ bandwidth ``beta`` (s/byte) fitted by the profiler with these shapes:
     allreduce  t = 2a ceil(log2 P) + 2 b m (P-1)/P
     bcast      t = a ceil(log2 P) + b m ceil(log2 P)
 
-and local compute costs t = c0 + c1 * elements for exact top-k selection,
+where a profile with regime segments gives each message size the (a, b) of
+the segment covering it, and local compute costs t = c0 + c1 * elements for exact top-k selection,
 threshold selection and sparse reduction.  ``predict(algorithm, n, P,
 density)`` composes them into the algorithm's time per call.  The terms are
 deliberately simple; the learned selector corrects them with measurements.
@@ -24,8 +25,23 @@ ITEM = 4  # bytes of a float32 value or an int32 index
 
 @dataclass(frozen=True)
 class Link:
+    """One primitive's alpha (s) and beta (s/byte); with ``segments`` (tuples
+    ``(from_bytes, alpha, beta)``, ascending) the regime covering a message
+    size is used instead (see :func:`autotune.profile.segment_at`)."""
+
     alpha: float
     beta: float
+    segments: tuple = ()
+
+    def at(self, m: float) -> tuple[float, float]:
+        """(alpha, beta) for a message of m bytes (the model's m)."""
+        a, b = self.alpha, self.beta
+        for i, (start, sa, sb) in enumerate(self.segments):
+            if i == 0 or m >= start:
+                a, b = sa, sb
+            else:
+                break
+        return a, b
 
 
 @dataclass(frozen=True)
@@ -67,7 +83,9 @@ class Machine:
                 if fallback is None:
                     raise KeyError(f"profile has no {name!r} primitive")
                 return fallback
-            return Link(float(p["alpha_s"]), float(p["beta_s_per_byte"]))
+            segs = tuple((int(sg["from_bytes"]), float(sg["alpha_s"]), float(sg["beta_s_per_byte"]))
+                         for sg in p.get("segments") or ())
+            return Link(float(p["alpha_s"]), float(p["beta_s_per_byte"]), segs)
 
         p2p = link("p2p")
         comp = prof["compute"]
@@ -89,21 +107,26 @@ class Machine:
             label=f"{fp.get('device', '?')}/{fp.get('network', '?')}",
         )
 
-    # primitive times -----------------------------------------------------------
+    # primitive times (each with the regime covering its message size) ---------
     def t_p2p(self, m: float) -> float:
-        return self.p2p.alpha + self.p2p.beta * m
+        a, b = self.p2p.at(m)
+        return a + b * m
 
     def t_allgather(self, m: float, P: int) -> float:
-        return self.allgather.alpha * _lg(P) + self.allgather.beta * m * (P - 1)
+        a, b = self.allgather.at(m)
+        return a * _lg(P) + b * m * (P - 1)
 
     def t_alltoall(self, m: float, P: int) -> float:
-        return self.alltoall.alpha * (P - 1) + self.alltoall.beta * m * (P - 1)
+        a, b = self.alltoall.at(m)
+        return a * (P - 1) + b * m * (P - 1)
 
     def t_allreduce(self, m: float, P: int) -> float:
-        return 2 * self.allreduce.alpha * _lg(P) + 2 * self.allreduce.beta * m * (P - 1) / P
+        a, b = self.allreduce.at(m)
+        return 2 * a * _lg(P) + 2 * b * m * (P - 1) / P
 
     def t_bcast(self, m: float, P: int) -> float:
-        return _lg(P) * (self.bcast.alpha + self.bcast.beta * m)
+        a, b = self.bcast.at(m)
+        return _lg(P) * (a + b * m)
 
 
 def _lg(P: int) -> int:
@@ -125,7 +148,8 @@ def _dense(M, n, P, d, tp):
         return 0.0
     p2 = 1 << (P.bit_length() - 1)
     lg = _lg(p2)
-    t = 2 * lg * M.p2p.alpha + 2 * (p2 - 1) / p2 * n * ITEM * M.p2p.beta
+    # recursive halving then doubling: step s moves n/2^s elements each way
+    t = 2 * sum(M.t_p2p(n * ITEM / (1 << s)) for s in range(1, lg + 1))
     t += M.reduce(n * (p2 - 1) / p2)  # elementwise sums of the reduce-scatter
     if P != p2:
         t += 2 * M.t_p2p(n * ITEM) + M.reduce(n)

@@ -43,6 +43,7 @@ __all__ = [
     "model_terms",
     "concurrency",
     "local_fingerprint",
+    "segment_at",
 ]
 
 SCHEMA = "autotune-profile"
@@ -272,6 +273,32 @@ SPEC = {
 }
 
 
+# One protocol regime of a primitive (see segment_at).
+_SEGMENT = {"from_bytes": INT, "alpha_s": _NONNEG, "beta_s_per_byte": _NONNEG}
+
+
+def segment_at(rec: dict, m: float) -> tuple[float, float]:
+    """(alpha, beta) of a primitive's record for a message of m bytes (the model's m).
+
+    A record may carry ``segments``: contiguous size ranges (protocol regimes:
+    eager/rendezvous, algorithm switches, cache -> DRAM, a token bucket's
+    burst), each with its own alpha and beta in the primitive's model shape.
+    Segment j covers ``from_bytes[j] <= m < from_bytes[j+1]``; the first also
+    covers everything below, the last everything above.  Without segments
+    (profiles written before them, published profiles) the single line
+    ``alpha_s``/``beta_s_per_byte`` covers every size.
+    """
+    segs = rec.get("segments")
+    if not segs:
+        return float(rec["alpha_s"]), float(rec["beta_s_per_byte"])
+    seg = segs[0]
+    for s in segs[1:]:
+        if m < s["from_bytes"]:
+            break
+        seg = s
+    return float(seg["alpha_s"]), float(seg["beta_s_per_byte"])
+
+
 def _typename(v) -> str:
     if v is None:
         return "null"
@@ -386,6 +413,17 @@ def validate(data, path="<profile>") -> None:
         if prim["model"] != model_string(name):
             raise ProfileError(path, f"field 'primitives.{name}.model' is {prim['model']!r}, "
                                      f"expected {model_string(name)!r}")
+        if "segments" in prim:  # optional (files written before regime-aware fits lack it)
+            where = f"primitives.{name}.segments"
+            msg = _check(prim["segments"], _List(_SEGMENT), where)
+            if not msg and not prim["segments"]:
+                msg = f"field '{where}' is empty (omit it for a single alpha-beta line)"
+            if not msg:
+                starts = [seg["from_bytes"] for seg in prim["segments"]]
+                if any(b <= a for a, b in zip(starts, starts[1:])):
+                    msg = f"field '{where}' must be sorted by from_bytes, got {starts}"
+            if msg:
+                raise ProfileError(path, msg)
 
 
 # -- the record --------------------------------------------------------------------
@@ -535,15 +573,16 @@ class Profile:
     def predict(self, primitive: str, m: float, P: int | None = None) -> float:
         """Model time (s) of ``primitive`` with m bytes at P ranks.
 
-        At the profile's P the fitted alpha/beta are used as they are.  At
-        another P on a single shared medium (``shared_medium`` in the record),
-        beta is rescaled with :func:`concurrency`, since the measured beta
-        already contains the contention of the measured P.
+        The (alpha, beta) of the size segment covering m are used
+        (:func:`segment_at`).  At the profile's P they are used as they are.
+        At another P on a single shared medium (``shared_medium`` in the
+        record), beta is rescaled with :func:`concurrency`, since the measured
+        beta already contains the contention of the measured P.
         """
         rec = self.primitives[primitive]
         P = self.P if P is None else int(P)
         A, B = model_terms(primitive, P)
-        beta = rec["beta_s_per_byte"]
+        alpha, beta = segment_at(rec, m)
         if P != self.P and rec.get("shared_medium"):
             beta *= concurrency(primitive, P) / concurrency(primitive, self.P)
-        return rec["alpha_s"] * A + beta * m * B
+        return alpha * A + beta * m * B

@@ -34,6 +34,9 @@ progress and writes the file.  Four parts, in this order:
 """
 from __future__ import annotations
 
+import copy
+import datetime as _dt
+import itertools
 import math
 import os
 import re
@@ -58,7 +61,8 @@ from .profile import (
     nccl_version,
 )
 
-__all__ = ["PLANS", "ProfilerError", "assumption1_gap", "fit_linear", "main", "run_profile"]
+__all__ = ["PLANS", "ProfilerError", "assumption1_gap", "choose_segments", "fit_linear",
+           "fit_primitive", "main", "refit_profile", "run_profile"]
 
 
 class ProfilerError(RuntimeError):
@@ -232,30 +236,173 @@ def heldout_mask(count: int) -> list[bool]:
     return [i % 3 == 1 and i != count - 1 for i in range(count)]
 
 
+# Regime-aware fits: at most this many size segments, each fitted on at least
+# this many sizes (two coefficients and two degrees of freedom).
+MAX_SEGMENTS = 3
+MIN_SIZES_PER_SEGMENT = 4
+# More segments must lower the leave-one-out error by more than this (relative,
+# plus 0.2 percentage points) to be preferred: the simplest adequate model wins.
+_PARSIMONY = 0.10
+
+
+def _segment_of(m: float, starts) -> int:
+    """Index of the segment covering m: the last whose start is <= m (else 0)."""
+    return max(0, int(np.searchsorted(np.asarray(starts, dtype=np.float64), m, side="right")) - 1)
+
+
+def _starts(firsts, lasts) -> list[int]:
+    """Where each segment starts, from its first and last measured sizes.
+
+    A size between two segments' measured ranges belongs to the nearer one in
+    log size: the boundary is the geometric mean of the neighbours (rounded
+    up, so an exact tie -- a held-out power of two midway -- goes to the
+    upper segment).  The first segment starts at its first size (and covers
+    everything below it too).
+    """
+    out = [int(firsts[0])]
+    for last, first in zip(lasts, firsts[1:]):
+        out.append(int(math.ceil(math.sqrt(float(last) * float(first)) - 1e-9)))
+    return out
+
+
+def _ls(X, t):
+    return _wls(X, t, np.ones_like(t), [0, 1])[0]
+
+
+def _segmentation_loo(X, t, m, bounds) -> float:
+    """Median relative error of leave-one-out predictions of a segmentation.
+
+    ``bounds`` are index boundaries into the (sorted) sizes.  Each size is
+    left out in turn, its segment refitted without it, the segment starts
+    recomputed from the remaining sizes (:func:`_starts`), and the size
+    predicted by the segment that then covers it -- exactly how
+    a held-out size between two segments is predicted.
+    """
+    errs = []
+    for i in range(len(t)):
+        coefs, firsts, lasts = [], [], []
+        for lo, hi in zip(bounds, bounds[1:]):
+            idx = [j for j in range(lo, hi) if j != i]
+            coefs.append(_ls(X[idx], t[idx]))
+            firsts.append(m[idx[0]])
+            lasts.append(m[idx[-1]])
+        c = coefs[_segment_of(m[i], _starts(firsts, lasts))]
+        errs.append(abs(float(X[i] @ c) - t[i]) / t[i])
+    return float(np.median(errs))
+
+
+def choose_segments(X, t, m, *, max_segments: int = MAX_SEGMENTS,
+                    min_sizes: int = MIN_SIZES_PER_SEGMENT):
+    """Split sizes (sorted ascending) into 1..max_segments contiguous segments.
+
+    Every split with at least ``min_sizes`` sizes per segment is scored by
+    :func:`_segmentation_loo` (relative least squares per segment); per
+    number of segments the best split is kept, and the fewest segments whose
+    score is within ``_PARSIMONY`` of the best score win.  Only the sizes
+    given (the training sizes) are used.
+
+    Returns:
+        (index bounds, e.g. (0, 7, 16); {segments: best leave-one-out median error})
+    """
+    n = len(t)
+    best: dict[int, tuple[float, tuple]] = {}
+    for r in range(1, max_segments + 1):
+        if r * min_sizes > n:
+            break
+        for cuts in itertools.combinations(range(min_sizes, n - min_sizes + 1), r - 1):
+            b = (0, *cuts, n)
+            if any(hi - lo < min_sizes for lo, hi in zip(b, b[1:])):
+                continue
+            score = _segmentation_loo(X, t, m, b)
+            if r not in best or score < best[r][0]:
+                best[r] = (score, b)
+    if not best:  # fewer sizes than one segment needs: one line
+        return (0, n), {}
+    top = min(v[0] for v in best.values())
+    r = min(k for k, v in best.items() if v[0] <= top * (1 + _PARSIMONY) + 0.002)
+    return best[r][1], {k: v[0] for k, v in best.items()}
+
+
 def fit_primitive(name: str, samples: list[dict], shared_medium: bool) -> dict:
-    """Fit one primitive's (alpha, beta) on its non-held-out samples."""
+    """Fit one primitive on its non-held-out samples: one alpha-beta line over
+    every size (``alpha_s``, ``beta_s_per_byte``) and the regime-aware
+    piecewise model (``segments``) that predictions use.
+
+    The held-out sizes (``heldout`` in each sample) are predicted by the
+    segment covering them; ``heldout_median_rel_err`` is the piecewise
+    model's, ``line_heldout_median_rel_err`` the single line's.
+    """
+    samples = sorted(samples, key=lambda s: s["bytes"])
+    P = samples[0]["P"]
+    A, B = model_terms(name, P)
+    m = np.array([float(s["bytes"]) for s in samples])
     X = np.array([[model_terms(name, s["P"])[0], s["bytes"] * model_terms(name, s["P"])[1]]
                   for s in samples])
-    t = np.array([float(np.median(s["times_s"])) for s in samples])
-    held = np.array([s.get("heldout", False) for s in samples])
-    (a, b), (ea, eb), w, info = fit_linear(X[~held], t[~held], return_info=True)
-    for s, wi in zip((s for s in samples if not s.get("heldout")), w):
-        s["fit_weight"] = round(float(wi), 3)
-    pred = X @ np.array([a, b])
+    t = np.maximum(np.array([float(np.median(s["times_s"])) for s in samples]), 1e-12)
+    held = np.array([bool(s.get("heldout", False)) for s in samples])
+    fit = ~held
+    (a, b), (ea, eb), _, info = fit_linear(X[fit], t[fit], return_info=True)
+    line_rel = np.abs(X @ np.array([a, b]) - t) / t
+
+    Xf, tf, mf = X[fit], t[fit], m[fit]
+    bounds, scores = choose_segments(Xf, tf, mf)
+    segments, weights = [], np.ones(len(tf))
+    starts = _starts([mf[lo] for lo in bounds[:-1]], [mf[hi - 1] for hi in bounds[1:]])
+    for lo, hi, start in zip(bounds, bounds[1:], starts):
+        (sa, sb), (sea, seb), w, sinfo = fit_linear(Xf[lo:hi], tf[lo:hi], return_info=True)
+        weights[lo:hi] = w
+        segments.append({"from_bytes": start, "measured_bytes": [int(mf[lo]), int(mf[hi - 1])],
+                         "alpha_s": sa, "beta_s_per_byte": sb, "alpha_stderr": sea,
+                         "beta_stderr": seb, "sizes": hi - lo, "fit_method": sinfo["method"]})
+    coef = [np.array([sg["alpha_s"], sg["beta_s_per_byte"]]) for sg in segments]
+    pred = np.array([X[i] @ coef[_segment_of(m[i], starts)] for i in range(len(t))])
     rel = np.abs(pred - t) / t
-    P = samples[0]["P"]
-    rec = {
+    for s, wi in zip((s for s, f in zip(samples, fit) if f), weights):
+        s["fit_weight"] = round(float(wi), 3)
+    return {
         "alpha_s": a, "beta_s_per_byte": b, "alpha_stderr": ea, "beta_stderr": eb,
         "model": model_string(name),
         "heldout_median_rel_err": float(np.median(rel[held])) if held.any() else None,
-        "fit_median_rel_err": float(np.median(rel[~held])),
+        "fit_median_rel_err": float(np.median(rel[fit])),
+        "line_heldout_median_rel_err": float(np.median(line_rel[held])) if held.any() else None,
+        "line_fit_median_rel_err": float(np.median(line_rel[fit])),
         "fit_method": info["method"],
         "fit_loo_median_rel_err": info["loo_median_rel_err"],
+        "segments": segments,
+        "segments_loo_median_rel_err": {str(k): v for k, v in scores.items()},
         "shared_medium": shared_medium,
         "beta_link_s_per_byte": b / concurrency(name, P) if shared_medium else b,
         "samples": samples,
     }
-    return rec
+
+
+def refit_profile(prof: Profile) -> Profile:
+    """Refit every measured primitive from the raw samples stored in ``prof``
+    (no measurement); the held-out flags stored with the samples are kept.
+    Published profiles have no samples to refit and are refused."""
+    if prof.data["source"] != "measured":
+        raise ProfilerError(f"{prof.path}: a {prof.data['source']} profile has no measured "
+                            "samples to refit")
+    data = copy.deepcopy(prof.data)
+    for name, rec in data["primitives"].items():
+        samples = rec.get("samples") or []
+        if len(samples) < 3:
+            raise ProfilerError(f"{prof.path}: primitive {name} has {len(samples)} samples; "
+                                "nothing to refit")
+        keep = {k: v for k, v in rec.items() if k not in _FIT_KEYS}
+        data["primitives"][name] = {**keep, **fit_primitive(name, samples,
+                                                          bool(rec.get("shared_medium")))}
+    data.setdefault("settings", {})["refit"] = {
+        "at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "how": "autotune profile --refit: regime-aware fits from the stored raw samples"}
+    return Profile(data, prof.path)
+
+
+# Keys fit_primitive writes (a refit replaces them; anything else is kept).
+_FIT_KEYS = ("alpha_s", "beta_s_per_byte", "alpha_stderr", "beta_stderr", "heldout_median_rel_err",
+             "fit_median_rel_err", "line_heldout_median_rel_err", "line_fit_median_rel_err",
+             "fit_method", "fit_loo_median_rel_err", "segments", "segments_loo_median_rel_err",
+             "beta_link_s_per_byte", "samples")
 
 
 # -- helpers ------------------------------------------------------------------------
@@ -274,6 +421,12 @@ def _agree_error(comm, msg: str | None) -> None:
         # the message of the lowest failing rank would need a gather; rank 0's,
         # or a generic one, is enough to say what to fix
         raise ProfilerError(first or msg or "a rank failed its checks (see its output)")
+
+
+def _control(comm):
+    """The MPI communicator under ``comm`` (itself on the MPI backend): NCCL has
+    no sleeping barrier and no library string, and control data is host data."""
+    return getattr(comm, "mpi", comm)
 
 
 def _loadavg() -> list | None:
@@ -516,7 +669,7 @@ def measure_algorithms(world, plan, *, names, xp, sync, progress, seed: int = 0)
                             skipped.append({"algorithm": name, "n": n, "P": p, "density": d,
                                             "reason": f"{type(exc).__name__}: {exc}"[:300]})
                         progress.step(f"P={p} {name} n=2^{e}")
-        world.idle_barrier()
+        _control(world).idle_barrier()
     return rows, skipped
 
 
@@ -556,7 +709,7 @@ def measure_compute(comm, plan, *, device: str, xp, sync, progress, density: flo
                                 if kernel in ("topk", "threshold") else None,
                                 "times_s": [float(v) for v in times]})
                 progress.step(f"{kernel} n=2^{e}")
-    comm.idle_barrier()
+    _control(comm).idle_barrier()
     rec = {"device": device, "samples": samples,
            "units": {"topk": "per element of the dense input (density "
                              f"{density})", "threshold": "per element of the dense input",
@@ -607,12 +760,21 @@ def assumption1_gap(accs: np.ndarray, k: int):
 
 
 class _XiTracker:
-    """Error-feedback residuals per density, and the xi of every measured step."""
+    """Error-feedback residuals per density, and the xi of every measured step.
+
+    ``values`` is xi as the paper defines it (Assumption 1's right-hand side
+    is xi * ||lr * G_t||, G_t the step's averaged stochastic gradient, no
+    residuals); ``values_acc`` divides the same gap by ||mean_i acc_i||, the
+    averaged accumulators (gradient plus residuals) an exact allreduce would
+    select from: a relative selection error, at most about 1 in practice,
+    comparable to what :class:`autotune.tuner.OnlineDensityGuard` observes.
+    """
 
     def __init__(self, densities):
         self.densities = list(densities)
         self.res: dict = {}
         self.values: dict = {d: [] for d in self.densities}
+        self.values_acc: dict = {d: [] for d in self.densities}
 
     def step(self, grads: np.ndarray, lr: float, measure: bool) -> None:
         """``grads``: (P, n) per-rank gradients of one step."""
@@ -633,16 +795,31 @@ class _XiTracker:
             self.res[d] = np.where(sent, 0, acc)
             if measure and denom > 0:
                 self.values[d].append(gap / denom)
+                acc_norm = float(np.linalg.norm(acc.mean(axis=0, dtype=np.float64)))
+                if acc_norm > 0:
+                    self.values_acc[d].append(gap / acc_norm)
+
+    @staticmethod
+    def _summary(values: dict) -> tuple[dict, float | None]:
+        by = {str(d): (float(np.median(v)) if v else None) for d, v in values.items()}
+        allv = [x for v in values.values() for x in v]
+        return by, (float(np.median(allv)) if allv else None)
 
     def record(self, source: str, **extra) -> dict:
-        by = {str(d): (float(np.median(v)) if v else None) for d, v in self.values.items()}
-        allv = [x for v in self.values.values() for x in v]
-        return {"source": source, "by_density": by,
-                "median": float(np.median(allv)) if allv else None,
+        by, med = self._summary(self.values)
+        by_acc, med_acc = self._summary(self.values_acc)
+        return {"source": source, "by_density": by, "median": med,
                 "samples": {str(d): [float(x) for x in v] for d, v in self.values.items()},
                 "definition": "||Topk(mean_i acc_i) - Topk(mean_i Topk(acc_i))||"
                               " / ||lr*mean_i G_i||, acc_i = lr*G_i + residual_i"
-                              " (Li & Hoefler PPoPP'22, Assumption 1)",
+                              " (Li & Hoefler PPoPP'22, Assumption 1: the right-hand side is"
+                              " xi*||alpha*G_t(w_t)||, the step's learning-rate-scaled"
+                              " averaged stochastic gradient, without residuals)",
+                "relative_to_accumulator": {
+                    "by_density": by_acc, "median": med_acc,
+                    "definition": "the same gap / ||mean_i acc_i|| (averaged accumulators,"
+                                  " residuals included): a relative selection error, not the"
+                                  " paper's xi"},
                 **extra}
 
 
@@ -737,10 +914,11 @@ def xi_from_files(snapshots, densities) -> dict:
 
 # -- fingerprint ---------------------------------------------------------------------
 def fingerprint(comm, *, device: str, network: str | None) -> dict:
+    ctl = _control(comm)
     name = socket.gethostname().encode()[:255]
     buf = np.zeros(256, dtype=np.uint8)
     buf[:len(name)] = np.frombuffer(name, dtype=np.uint8)
-    table = comm.allgather(buf) if comm.size > 1 else buf[None]
+    table = ctl.allgather(buf) if comm.size > 1 else buf[None]
     hosts = [bytes(row).rstrip(b"\0").decode(errors="replace") for row in np.asarray(table)]
     uniq = sorted(set(hosts))
     return {
@@ -748,10 +926,11 @@ def fingerprint(comm, *, device: str, network: str | None) -> dict:
         "ranks_per_host": max(hosts.count(h) for h in uniq),
         "cpu_model": cpu_model(),
         "gpu_model": gpu_model(device),
-        "mpi_library": comm.library_version(),
+        "mpi_library": ctl.library_version(),
         "nccl_version": nccl_version(device),
         "P": comm.size,
         "device": device,
+        "backend": comm.backend,
         "network": network or ("shm" if len(uniq) == 1 else "unknown"),
     }
 
@@ -760,14 +939,26 @@ def fingerprint(comm, *, device: str, network: str | None) -> dict:
 def run_profile(comm, *, plan_name: str = "quick", device: str = "cpu", network: str | None = None,
                 gradients: str | None = None, max_bytes: int | None = None,
                 algorithms: list[str] | None = None, quiet: bool = False,
-                seed: int = 0) -> Profile | None:
+                seed: int = 0, backend: str = "mpi") -> Profile | None:
     """Measure and return the Profile on rank 0 (None on the other ranks).
+
+    Args:
+        comm: an MPICommunicator over the ranks to profile.
+        backend: ``mpi`` (payloads through ``comm``) or ``nccl``: payloads,
+            the alpha/beta primitives and the algorithm runs go GPU to GPU
+            through a :class:`collectives.NCCLCommunicator` bootstrapped over
+            ``comm`` (needs ``device="gpu"``); barriers, timing reductions and
+            the xi run's host gradients stay on MPI.
 
     Raises:
         ProfilerError: on every rank alike.
     """
     t_start = time.perf_counter()
     load_start = _loadavg()
+    if backend not in ("mpi", "nccl"):
+        raise ProfilerError(f"unknown backend {backend!r} (mpi or nccl)")
+    if backend == "nccl" and device != "gpu":
+        raise ProfilerError("--backend nccl moves device buffers: use it with --device gpu")
     if comm.size < 2:
         raise ProfilerError("a profile needs at least 2 ranks (mpiexec -n P, or --np P)")
     plan = PLANS[plan_name]
@@ -783,7 +974,19 @@ def run_profile(comm, *, plan_name: str = "quick", device: str = "cpu", network:
         except Exception as e:  # cupy missing or broken driver
             msg = f"--device gpu needs cupy and a CUDA GPU ({type(e).__name__}: {e})"
     _agree_error(comm, msg)
+    if backend == "nccl":
+        msg = None
+        try:
+            from collectives import NCCLCommunicator
+
+            comm = NCCLCommunicator(comm)
+        except Exception as e:  # NCCL missing or failing to initialise on some rank
+            msg = f"--backend nccl: cannot start NCCL ({type(e).__name__}: {e})"
+            comm = _control(comm)
+        _agree_error(_control(comm), msg)
     xp, sync = _xp(device)
+    if device == "gpu":
+        comm.sync_phases = True  # the per-phase split includes the GPU work (as in bench)
 
     names = list(ALGORITHMS) if not algorithms else algorithms
     unknown = [a for a in names if a not in ALGORITHMS]
@@ -831,8 +1034,10 @@ def run_profile(comm, *, plan_name: str = "quick", device: str = "cpu", network:
         "elapsed_s": {"primitives": t1 - t0, "algorithms": t2 - t1, "compute": t3 - t2,
                       "xi": t4 - t3, "total": time.perf_counter() - t_start},
         "loadavg_start": load_start, "loadavg_end": _loadavg(),
+        "backend": comm.backend,
         "timing": "median of repeats; each repeat after a barrier, slowest rank's time; "
-                  "small messages timed in batches of ~5 ms",
+                  "small messages timed in batches of ~5 ms"
+                  + ("; each repeat ends with a CUDA stream synchronize" if sync else ""),
     }
     return Profile.new(source="measured", fingerprint=fp, primitives=prims, compute=compute,
                        runs=runs, xi=xi, skipped=skipped, settings=settings)
@@ -848,7 +1053,26 @@ def _parse_bytes(s: str | None) -> int | None:
     return int(float(m[1]) * {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[m[2]])
 
 
+def refit_main(args) -> int:
+    """``autotune profile --refit FILE``: refit from the stored samples, no MPI."""
+    from .profile import ProfileError
+    from .report import primitive_lines
+
+    try:
+        prof = refit_profile(Profile.load(args.refit))
+    except (ProfileError, ProfilerError) as e:
+        print(f"autotune profile: error: {e}", file=sys.stderr)
+        return 2
+    path = prof.save(args.out or args.refit)
+    if not args.quiet:
+        print("\n".join(primitive_lines(prof)))
+    print(f"refitted {args.refit} -> {path}")
+    return 0
+
+
 def main(args) -> int:
+    if getattr(args, "refit", None):
+        return refit_main(args)
     comm = MPICommunicator()
     plan = args.sizes or ("quick" if args.quick else "full")
     out = args.out or f"profile-{args.network or 'shm'}-P{comm.size}.json"
@@ -857,7 +1081,8 @@ def main(args) -> int:
         prof = run_profile(comm, plan_name=plan, device=args.device, network=args.network,
                            gradients=args.gradients, max_bytes=max_bytes,
                            algorithms=args.algorithms.split(",") if args.algorithms else None,
-                           quiet=args.quiet, seed=args.seed)
+                           quiet=args.quiet, seed=args.seed,
+                           backend=getattr(args, "backend", "mpi"))
     except ProfilerError as e:
         if comm.rank == 0:
             print(f"autotune profile: error: {e}", file=sys.stderr)

@@ -2,9 +2,11 @@
 
 ``show`` prints the fingerprint, per primitive alpha (us), beta (as GB/s),
 the fit's held-out error and the bus bandwidth as nccl-tests defines it, the
+regime segments (size ranges with their own alpha and beta), the
 selection and reduction cost per element (ns), xi, and the fastest algorithm
 per (n, P, density) among the measured runs.  ``plot`` writes PNGs of the
-fits (measured medians and the fitted model, log-log) and of the measured
+fits (measured medians, the regime segments and the single line, log-log)
+and of the measured
 time of every algorithm versus n.  matplotlib is optional (``pip install
 'autotune-collectives[plot]'``).
 """
@@ -15,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .profile import PRIMITIVES, Profile, model_terms
+from .profile import PRIMITIVES, Profile, model_terms, segment_at
 
 __all__ = ["busbw", "fastest_table", "plot", "show_text", "summary_lines"]
 
@@ -56,7 +58,7 @@ def primitive_lines(prof: Profile) -> list[str]:
     lines = [f"primitives ({how}; m = bytes as in the model; busbw at the largest "
              "measured size, nccl-tests definition):",
              f"  {'name':11s} {'alpha us':>9s} {'+-':>7s} {'beta GB/s':>9s} {'+-%':>5s} "
-             f"{'link GB/s':>9s} {'held-out':>8s} {'busbw GB/s':>10s}  model"]
+             f"{'link GB/s':>9s} {'held-out':>8s} {'line h-o':>8s} {'busbw GB/s':>10s}  model"]
     for name in PRIMITIVES:
         rec = prof.primitives.get(name)
         if rec is None:
@@ -73,10 +75,44 @@ def primitive_lines(prof: Profile) -> list[str]:
             f"  {name:11s} {_us(rec['alpha_s'])[-9:]:>9s} "
             f"{_us(rec.get('alpha_stderr')).strip():>7s} "
             f"{_gbps(b)} {rel_b:>5s} {(_gbps(link) if link is not None else '      n/a')} "
-            f"{_fmt_err(rec.get('heldout_median_rel_err')):>8s} {bw:>10s}  {rec['model']}")
+            f"{_fmt_err(rec.get('heldout_median_rel_err')):>8s} "
+            f"{_fmt_err(rec.get('line_heldout_median_rel_err', rec.get('heldout_median_rel_err'))):>8s}"
+            f" {bw:>10s}  {rec['model']}")
     if any(r.get("shared_medium") for r in prof.primitives.values()):
         lines.append("  (one host: all ranks share one medium, so the fitted beta holds the "
                      "contention of P ranks; 'link' = beta / concurrency = one link's rate)")
+    lines += segment_lines(prof)
+    return lines
+
+
+def _size(b: float) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if b >= scale:
+            v = b / scale
+            return f"{v:.0f} {unit}" if v == int(v) else f"{v:.3g} {unit}"
+    return f"{b:.0f} B"
+
+
+def segment_lines(prof: Profile) -> list[str]:
+    """The regime segments (what predictions use); nothing for single-line records."""
+    if not any(rec.get("segments") for rec in prof.primitives.values()):
+        return ["  one alpha-beta line per primitive (no regime segments"
+                + ("; `autotune profile --refit FILE` adds them from the stored samples)"
+                   if prof.data["source"] == "measured" else ")")]
+    lines = ["regimes (predictions use the segment covering m; 'held-out' above is theirs, "
+             "'line h-o' the single line's):"]
+    for name in PRIMITIVES:
+        rec = prof.primitives.get(name)
+        if rec is None or not rec.get("segments"):
+            continue
+        parts = []
+        segs = rec["segments"]
+        for i, sg in enumerate(segs):
+            lo = "0" if i == 0 else _size(sg["from_bytes"])
+            hi = _size(segs[i + 1]["from_bytes"]) if i + 1 < len(segs) else "inf"
+            parts.append(f"[{lo}, {hi}) a {1e6 * sg['alpha_s']:.2f} us 1/b "
+                         f"{_gbps(sg['beta_s_per_byte']).strip()} GB/s")
+        lines.append(f"  {name:11s} " + "; ".join(parts))
     return lines
 
 
@@ -98,9 +134,15 @@ def xi_lines(prof: Profile) -> list[str]:
         f"{med:.4f}" if med is not None else "n/a")
     parts = [f"{d}: {v:.4f}" if v is not None else f"{d}: n/a"
              for d, v in sorted(xi["by_density"].items(), key=lambda kv: float(kv[0]))]
-    lines = [head]
+    lines = [head + " (the paper's definition: gap / ||lr * averaged gradient||)"]
     if parts:
         lines.append("  by density: " + ", ".join(parts))
+    acc = xi.get("relative_to_accumulator")
+    if acc and acc.get("by_density"):
+        lines.append("  gap / ||averaged accumulator|| (residuals included; not the paper's xi): "
+                     + ", ".join(f"{d}: {v:.4f}" if v is not None else f"{d}: n/a"
+                                 for d, v in sorted(acc["by_density"].items(),
+                                                    key=lambda kv: float(kv[0]))))
     if xi.get("model"):
         lines.append(f"  from: {xi['model']}, {xi.get('steps')} steps, train accuracy "
                      f"{xi.get('train_accuracy', float('nan')):.3f}")
@@ -241,14 +283,34 @@ def plot(prof: Profile, outdir) -> list[Path]:
             lo, hi = m.min(), m.max()
         else:
             lo, hi = 4.0, 32.0 * 2 ** 20
-        mm = np.logspace(np.log10(lo), np.log10(hi), 100)
-        ax.loglog(mm, rec["alpha_s"] * A + rec["beta_s_per_byte"] * mm * B, "-", color="C1",
-                  label="fit" if prof.data["source"] == "measured" else "model (published)")
+        mm = np.logspace(np.log10(lo), np.log10(hi), 200)
+        segs = rec.get("segments")
+        ax.loglog(mm, rec["alpha_s"] * A + rec["beta_s_per_byte"] * mm * B,
+                  "--" if segs else "-", color="C1", lw=1 if segs else 1.5,
+                  label=("single line" if segs else "fit") if prof.data["source"] == "measured"
+                  else "model (published)")
+        if segs:
+            ab = np.array([segment_at(rec, v) for v in mm])
+            which = np.array([sum(v >= sg["from_bytes"] for sg in segs[1:]) for v in mm])
+            for j in range(len(segs)):
+                sel = which == j
+                if sel.any():
+                    ax.loglog(mm[sel], ab[sel, 0] * A + ab[sel, 1] * mm[sel] * B, "-", lw=2,
+                              color=f"C{2 + j}", label=f"regime {j + 1}"
+                              f" (from {_size(segs[j]['from_bytes']) if j else '0'})")
+            for sg in segs[1:]:
+                ax.axvline(sg["from_bytes"], color="0.6", lw=0.8, ls=":")
         err = rec.get("heldout_median_rel_err")
         b = rec["beta_s_per_byte"]
-        ax.set_title(f"{name}: a={1e6 * rec['alpha_s']:.2f} us, "
-                     f"1/b={(1e-9 / b) if b else float('inf'):.3g} GB/s"
-                     + (f", held-out {100 * err:.0f}%" if err is not None else ""), fontsize=9)
+        if segs:
+            line_err = rec.get("line_heldout_median_rel_err")
+            ax.set_title(f"{name}: {len(segs)} regime(s), held-out {100 * err:.0f}%"
+                         + (f" (one line: {100 * line_err:.0f}%)" if line_err is not None else ""),
+                         fontsize=9)
+        else:
+            ax.set_title(f"{name}: a={1e6 * rec['alpha_s']:.2f} us, "
+                         f"1/b={(1e-9 / b) if b else float('inf'):.3g} GB/s"
+                         + (f", held-out {100 * err:.0f}%" if err is not None else ""), fontsize=9)
         ax.set_xlabel("m (bytes)")
         ax.set_ylabel("time (s)")
         ax.grid(True, which="both", alpha=0.3)

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from autotune import profiler
+from autotune import costmodel
 from autotune.profile import (
     PRIMITIVES,
     Profile,
@@ -20,8 +21,10 @@ from autotune.profile import (
     concurrency,
     local_fingerprint,
     model_terms,
+    segment_at,
 )
 from collectives import ALGORITHMS
+from conftest import requires_gpu
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = sorted((ROOT / "profiles").glob("*.json"))
@@ -71,6 +74,13 @@ def test_profile_under_mpi_has_every_part(measured):
         assert d["compute"][k]["c1_s_per_elem"] > 0
     assert d["xi"]["source"] == "training" and d["xi"]["median"] is not None
     assert 0 <= d["xi"]["median"] < 2
+    assert d["xi"]["relative_to_accumulator"]["median"] is not None
+    assert d["fingerprint"]["backend"] == "mpi" and d["settings"]["backend"] == "mpi"
+    for name, rec in d["primitives"].items():  # regime segments cover every size
+        segs = rec["segments"]
+        assert 1 <= len(segs) <= profiler.MAX_SEGMENTS, name
+        assert sum(s["sizes"] for s in segs) == sum(not s["heldout"] for s in rec["samples"])
+        assert rec["line_heldout_median_rel_err"] is not None
 
 
 @pytest.mark.mpi
@@ -86,8 +96,8 @@ def test_round_trip(measured, tmp_path):
 @pytest.mark.mpi
 def test_show(measured):
     out = cli("show", str(measured)).stdout
-    for word in ("alpha us", "beta GB/s", "busbw", "held-out", "topk", "ns/elem", "xi",
-                 "fastest algorithm", "Open MPI"):
+    for word in ("alpha us", "beta GB/s", "busbw", "held-out", "line h-o", "regimes", "topk",
+                 "ns/elem", "xi", "fastest algorithm", "Open MPI"):
         assert word in out, word
 
 
@@ -292,3 +302,197 @@ def test_plot_without_matplotlib_says_how_to_install(monkeypatch, capsys, tmp_pa
     err = capsys.readouterr().err
     assert rc == 2 and "pip install" in err and "[plot]" in err
     assert not list(tmp_path.iterdir())
+
+
+# -- regime-aware fits -----------------------------------------------------------------
+def _synthetic(name, P, regimes, sizes, noise, seed=0):
+    """Samples of a primitive whose (alpha, beta) change at given sizes."""
+    rng = np.random.default_rng(seed)
+    A, B = model_terms(name, P)
+    held = profiler.heldout_mask(len(sizes))
+    out = []
+    for m, h in zip(sizes, held):
+        a, b = next((a, b) for start, a, b in reversed(regimes) if m >= start)
+        t = (a * A + b * m * B) * (1 + noise * rng.standard_normal(5))
+        out.append({"bytes": int(m), "P": P, "times_s": [float(v) for v in t], "heldout": h})
+    return out
+
+
+def test_segments_find_protocol_and_cache_regimes():
+    # eager below 4 KiB, rendezvous above (handshake, faster copy), DRAM beyond 1 MiB
+    sizes = [1 << e for e in range(2, 26)]
+    regimes = [(0, 3e-6, 2e-10), (4096, 15e-6, 5e-11), (1 << 20, 0.0, 4e-10)]
+    rec = profiler.fit_primitive("allreduce", _synthetic("allreduce", 4, regimes, sizes, 0.02),
+                                 shared_medium=False)
+    segs = rec["segments"]
+    assert len(segs) == 3, segs
+    assert 2048 < segs[1]["from_bytes"] <= 8192 and (1 << 19) < segs[2]["from_bytes"] <= (1 << 21)
+    assert segs[0]["alpha_s"] == pytest.approx(3e-6, rel=0.1)
+    assert segs[1]["alpha_s"] == pytest.approx(15e-6, rel=0.1)
+    assert segs[1]["beta_s_per_byte"] == pytest.approx(5e-11, rel=0.1)
+    assert segs[2]["beta_s_per_byte"] == pytest.approx(4e-10, rel=0.05)
+    assert rec["heldout_median_rel_err"] < 0.03
+    # the single line stays in the record for people and for readers of the old schema
+    assert rec["alpha_s"] > 0 and rec["beta_s_per_byte"] > 0
+    assert rec["line_heldout_median_rel_err"] is not None
+
+
+def test_segments_stay_one_line_without_regimes():
+    sizes = [1 << e for e in range(2, 24)]
+    rec = profiler.fit_primitive("p2p", _synthetic("p2p", 4, [(0, 5e-6, 2e-10)], sizes, 0.02, 1),
+                                 shared_medium=False)
+    assert len(rec["segments"]) == 1
+    assert rec["heldout_median_rel_err"] == pytest.approx(rec["line_heldout_median_rel_err"],
+                                                          rel=0.3)
+
+
+def test_segments_use_training_sizes_only():
+    sizes = [1 << e for e in range(2, 24)]
+    samples = _synthetic("bcast", 4, [(0, 3e-6, 1e-9), (65536, 40e-6, 2e-10)], sizes, 0.02, 2)
+    rec = profiler.fit_primitive("bcast", copy.deepcopy(samples), shared_medium=False)
+    for s in samples:  # wildly different held-out times change nothing but the error
+        if s["heldout"]:
+            s["times_s"] = [v * 5 for v in s["times_s"]]
+    again = profiler.fit_primitive("bcast", samples, shared_medium=False)
+    assert again["segments"] == rec["segments"]
+    assert again["heldout_median_rel_err"] > 0.7  # |t - 5t| / 5t
+
+
+def test_segment_at_and_predict_use_the_covering_segment():
+    rec = {"alpha_s": 1.0, "beta_s_per_byte": 1.0,
+           "segments": [{"from_bytes": 4, "alpha_s": 1e-6, "beta_s_per_byte": 1e-9},
+                        {"from_bytes": 4096, "alpha_s": 1e-5, "beta_s_per_byte": 1e-10}]}
+    assert segment_at(rec, 1) == (1e-6, 1e-9)  # below the first measured size
+    assert segment_at(rec, 4095) == (1e-6, 1e-9)
+    assert segment_at(rec, 4096) == (1e-5, 1e-10)
+    assert segment_at({"alpha_s": 2.0, "beta_s_per_byte": 3.0}, 10) == (2.0, 3.0)
+    link = costmodel.Link(1.0, 1.0, tuple((s["from_bytes"], s["alpha_s"], s["beta_s_per_byte"])
+                                         for s in rec["segments"]))
+    assert link.at(100) == (1e-6, 1e-9) and link.at(1 << 20) == (1e-5, 1e-10)
+
+
+def _shipped_measured():
+    path = ROOT / "profiles" / "cpu_tcp1gbit_p4.json"
+    return path if path.exists() else pytest.skip("no shipped measured profile")
+
+
+def test_old_profiles_without_segments_still_load(tmp_path):
+    data = json.loads(_shipped_measured().read_text())
+    for rec in data["primitives"].values():
+        for key in ("segments", "segments_loo_median_rel_err", "line_heldout_median_rel_err",
+                    "line_fit_median_rel_err"):
+            rec.pop(key, None)
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(data))
+    prof = Profile.load(old)
+    rec = prof.primitives["allreduce"]
+    A, B = model_terms("allreduce", prof.P)
+    assert prof.predict("allreduce", 1 << 20) == pytest.approx(
+        rec["alpha_s"] * A + rec["beta_s_per_byte"] * (1 << 20) * B)
+    assert "one alpha-beta line" in cli("show", str(old)).stdout
+    # refit from the stored samples: segments appear, the raw samples are unchanged
+    out = tmp_path / "new.json"
+    p = cli("profile", "--refit", str(old), "--out", str(out), "--quiet")
+    assert "refitted" in p.stdout
+    new = Profile.load(out)
+    for name, rec in new.primitives.items():
+        assert rec["segments"] and rec["heldout_median_rel_err"] is not None
+        assert ([s["times_s"] for s in rec["samples"]]
+                == [s["times_s"] for s in data["primitives"][name]["samples"]])
+
+
+def test_shipped_measured_profiles_are_refitted():
+    """The shipped files hold exactly what --refit computes from their samples."""
+    for path in SHIPPED:
+        prof = Profile.load(path)
+        if prof.data["source"] != "measured":
+            continue
+        again = profiler.refit_profile(prof)
+        for name, rec in prof.primitives.items():
+            new = again.primitives[name]
+            assert [s["from_bytes"] for s in rec["segments"]] == \
+                [s["from_bytes"] for s in new["segments"]], (path.name, name)
+            assert rec["heldout_median_rel_err"] == pytest.approx(
+                new["heldout_median_rel_err"], rel=1e-3, abs=1e-6), (path.name, name)
+
+
+def test_refit_refuses_published_profiles():
+    p = cli("profile", "--refit", str(ROOT / "profiles" / "piz_daint.json"), "--out", "/dev/null",
+            check_rc=2)
+    assert "no measured samples" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_bad_segments_are_refused(tmp_path):
+    data = json.loads(_shipped_measured().read_text())
+    segs = data["primitives"]["p2p"]["segments"] = [
+        {"from_bytes": 4096, "alpha_s": 1e-6, "beta_s_per_byte": 1e-9},
+        {"from_bytes": 4, "alpha_s": 1e-6, "beta_s_per_byte": 1e-9}]
+    path = tmp_path / "unsorted.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ProfileError, match="sorted by from_bytes"):
+        Profile.load(path)
+    segs[1]["alpha_s"] = -1.0
+    path.write_text(json.dumps(data))
+    with pytest.raises(ProfileError, match=r"segments\[1\].alpha_s' must be >= 0"):
+        Profile.load(path)
+
+
+def test_cost_model_reads_the_segments():
+    prof = Profile.load(_shipped_measured())
+    m = costmodel.Machine.from_profile(prof.data)
+    for size in (64, 4096, 1 << 20):
+        assert m.t_allreduce(size, prof.P) == pytest.approx(prof.predict("allreduce", size))
+        assert m.t_p2p(size) == pytest.approx(prof.predict("p2p", size))
+
+
+def test_profile_command_imports_no_optuna_and_no_gpu_stack():
+    code = ("import sys, autotune.cli, autotune.profiler, autotune.report; "
+            "bad = [m for m in ('optuna', 'cupy', 'torch') if m in sys.modules]; "
+            "assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=60)
+
+
+def test_nccl_backend_needs_the_gpu_device():
+    p = cli("profile", "--backend", "nccl", "--sizes", "tiny", "--out", "/dev/null", check_rc=2)
+    assert "--device gpu" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_xi_follows_the_paper_definition():
+    """Assumption 1's right-hand side is xi * ||lr * G_t||: scaling the residual
+    history up (a larger accumulator) leaves the denominator alone."""
+    rng = np.random.default_rng(3)
+    grads = rng.standard_t(2.5, (4, 400)).astype(np.float32)
+    track = profiler._XiTracker([0.05])
+    track.step(grads, 0.1, measure=True)
+    k = 20
+    gap, _, _ = profiler.assumption1_gap(0.1 * grads, k)
+    assert track.values[0.05][0] == pytest.approx(
+        gap / np.linalg.norm(0.1 * grads.mean(axis=0, dtype=np.float64)), rel=1e-5)
+    assert track.values_acc[0.05][0] == pytest.approx(
+        gap / np.linalg.norm((0.1 * grads).mean(axis=0, dtype=np.float64)), rel=1e-5)
+    rec = track.record("test")
+    assert rec["relative_to_accumulator"]["median"] == pytest.approx(track.values_acc[0.05][0])
+
+
+# -- the NCCL backend (GPU machines only) -------------------------------------------------
+@pytest.mark.mpi
+@pytest.mark.gpu
+@requires_gpu
+def test_profile_over_nccl(tmp_path):
+    """`autotune profile --device gpu --backend nccl` end to end at P=2."""
+    from conftest import run_mpi
+
+    out = tmp_path / "nccl.json"
+    run_mpi(2, "autotune.cli", "profile", "--device", "gpu", "--backend", "nccl", "--sizes",
+            "tiny", "--network", "nccl-test", "--out", str(out), "--quiet",
+            timeout=600, env={"NCCL_NVLS_ENABLE": "0"})
+    prof = Profile.load(out)
+    d = prof.data
+    assert d["fingerprint"]["backend"] == "nccl" and d["fingerprint"]["nccl_version"]
+    assert d["fingerprint"]["device"] == "gpu" and d["compute"]["device"] == "gpu"
+    assert set(d["primitives"]) == set(PRIMITIVES)
+    for rec in d["primitives"].values():
+        assert rec["segments"] and all(np.median(s["times_s"]) > 0 for s in rec["samples"])
+    ran = {r["algorithm"] for r in d["runs"]}
+    assert "nccl" in ran  # the native ncclAllReduce only exists on this backend
+    assert "stream synchronize" in d["settings"]["timing"]
