@@ -1,0 +1,175 @@
+"""Kernel benchmarks: selection and sparse arithmetic on numpy, and on cupy where a GPU is.
+
+Timed at n = 2^22 (numpy) / 2^26 (cupy), density 1%, on fixed seeded
+standard-normal float32 data; smoke runs use n = 4103.  Every benchmark then
+checks the kernel's result against a brute-force numpy reference, so the
+smoke run in CI is a correctness test of the exact code path that is timed.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import kernels
+
+DENSITY = 0.01
+SMOKE_N = 4103
+TIMED_N = {"numpy": 1 << 22, "cupy": 1 << 26}
+SEED = 20261126
+
+
+def _host(a) -> np.ndarray:
+    return a.get() if hasattr(a, "get") else np.asarray(a)
+
+
+def _sync(xp):
+    if xp is not np:
+        xp.cuda.get_current_stream().synchronize()
+
+
+@pytest.fixture(scope="module")
+def data(xp, smoke):
+    """(x on the device, x on the host, k) — the same values on both."""
+    n = SMOKE_N if smoke else TIMED_N[xp.__name__]
+    h = np.random.default_rng(SEED).standard_normal(n, dtype=np.float32)
+    return xp.array(h), h, kernels.k_from_density(n, DENSITY)  # a copy: h stays the reference
+
+
+def _timed(xp, fn):
+    """fn with a device synchronize, so asynchronous GPU work is in the time."""
+
+    def run(*args):
+        out = fn(*args)
+        _sync(xp)
+        return out
+
+    return run
+
+
+def _ref_topk(h: np.ndarray, k: int) -> np.ndarray:
+    """Sorted indices of the k largest |h|, ties to the lowest index (full sort)."""
+    return np.sort(np.argsort(-np.abs(h), kind="stable")[:k])
+
+
+def test_topk_indices(measure, xp, data):
+    x, h, k = data
+    idx = measure("kernel", _timed(xp, lambda: kernels.topk_indices(x, k)))
+    assert np.array_equal(_host(idx), _ref_topk(h, k))
+
+
+def test_topk_select(measure, xp, data):
+    x, h, k = data
+    idx, vals = measure("kernel", _timed(xp, lambda: kernels.topk_select(x, k)))
+    ref = _ref_topk(h, k)
+    assert np.array_equal(_host(idx), ref) and np.array_equal(_host(vals), h[ref])
+
+
+def test_kth_magnitude(measure, xp, data):
+    x, h, k = data
+    t = measure("kernel", _timed(xp, lambda: kernels.kth_magnitude(x, k)))
+    assert t == np.sort(np.abs(h))[h.size - k]
+
+
+def test_sampled_threshold(measure, xp, data):
+    x, h, k = data
+    t = measure("kernel", _timed(xp, lambda: kernels.sampled_threshold(x, k)))
+    s = min(h.size, 1 << 16)
+    sub = h[(np.arange(s, dtype=np.int64) * h.size) // s]
+    ks = min(s, max(1, round(k * s / h.size)))
+    assert t == np.sort(np.abs(sub))[s - ks]
+
+
+def test_threshold_select(measure, xp, data):
+    x, h, k = data
+    t = float(np.sort(np.abs(h))[h.size - k])
+    idx, vals = measure("kernel", _timed(xp, lambda: kernels.threshold_select(x, t)))
+    ref = np.flatnonzero(np.abs(h) >= np.float32(t))
+    assert np.array_equal(_host(idx), ref) and np.array_equal(_host(vals), h[ref])
+
+
+def test_threshold_select_ef(measure, xp, data):
+    """The error-feedback form: residual += x, select, zero the selected (in place)."""
+    x, h, k = data
+    t = float(np.sort(np.abs(h))[h.size - k])
+    r0 = np.random.default_rng(SEED + 1).standard_normal(h.size, dtype=np.float32) * 0.1
+    res = xp.array(r0)  # a copy: r0 stays the reference
+
+    def setup():  # a fresh residual per round, untimed
+        res[...] = xp.asarray(r0)
+        _sync(xp)
+        return (res,), {}
+
+    idx, vals = measure("kernel", _timed(xp, lambda r: kernels.threshold_select_ef(r, x, t)),
+                        setup=setup)
+    acc = r0 + h
+    ref = np.flatnonzero(np.abs(acc) >= np.float32(t))
+    after = acc.copy()
+    after[ref] = 0
+    assert np.array_equal(_host(idx), ref) and np.array_equal(_host(vals), acc[ref])
+    assert np.array_equal(_host(res), after)
+
+
+def test_gaussian_select(measure, xp, data):
+    x, h, k = data
+    idx, vals, thr = measure("kernel", _timed(xp, lambda: kernels.gaussian_select(x, k, DENSITY)))
+    idx, vals = _host(idx), _host(vals)
+    assert 0 < idx.size <= k and np.all(np.diff(idx) > 0)
+    assert np.array_equal(vals, h[idx])
+    # standard-normal data: the Gaussian threshold lands within a third of k
+    assert idx.size >= 2 * k // 3
+
+
+@pytest.fixture(scope="module")
+def coo_sets(xp, data):
+    """Four ranks' top-k selections of related data: the COO sets a sparse
+    allreduce merges (overlapping indices, so coo_sum really sums)."""
+    _, h, k = data
+    rng = np.random.default_rng(SEED + 2)
+    sets = []
+    for _ in range(4):
+        y = h + 0.5 * rng.standard_normal(h.size, dtype=np.float32)
+        i = _ref_topk(y, k).astype(np.int32)
+        sets.append((i, y[i]))
+    return sets, [(xp.asarray(i), xp.asarray(v)) for i, v in sets]
+
+
+def test_coo_sum(measure, xp, data, coo_sets):
+    hsets, dsets = coo_sets
+    n = data[1].size
+    idxs, vals = [s[0] for s in dsets], [s[1] for s in dsets]
+    uidx, uval = measure("kernel", _timed(xp, lambda: kernels.coo_sum(idxs, vals, n)))
+    exact = np.zeros(n, np.float64)
+    scale = np.zeros(n, np.float64)
+    for i, v in hsets:
+        np.add.at(exact, i, v.astype(np.float64))
+        np.add.at(scale, i, np.abs(v).astype(np.float64))
+    ref = np.unique(np.concatenate([i for i, _ in hsets]))
+    assert np.array_equal(_host(uidx), ref)
+    err = np.abs(_host(uval) - exact[ref])
+    assert np.all(err <= 4 * np.finfo(np.float32).eps * scale[ref])
+
+
+def test_scatter_add(measure, xp, data, coo_sets):
+    hsets, dsets = coo_sets
+    n = data[1].size
+    idx = xp.concatenate([s[0] for s in dsets])
+    val = xp.concatenate([s[1] for s in dsets])
+    out = xp.zeros(n, dtype=xp.float32)
+
+    def setup():
+        out[...] = 0
+        _sync(xp)
+        return (out,), {}
+
+    measure("kernel", _timed(xp, lambda o: kernels.scatter_add(o, idx, val)), setup=setup)
+    ref = np.zeros(n, np.float32)
+    np.add.at(ref, np.concatenate([i for i, _ in hsets]), np.concatenate([v for _, v in hsets]))
+    assert np.array_equal(_host(out), ref)
+
+
+def test_split_by_bounds(measure, xp, data, coo_sets):
+    hsets, dsets = coo_sets
+    n = data[1].size
+    bounds = kernels.region_bounds(n, 4)
+    offs = measure("kernel", _timed(xp, lambda: kernels.split_by_bounds(dsets[0][0], bounds)))
+    assert offs == [int(o) for o in np.searchsorted(hsets[0][0], bounds)]
