@@ -26,6 +26,20 @@ The kernels, and why they look the way they do:
     residual + x on the fly, written back with the emitted entries zeroed:
     read 8n, write 4n); the continuation of error feedback after an output
     overflow; top-k over a compacted candidate list (indices gathered).
+    Staged variants (``sel_*s4`` / ``sel_*s8``): each warp puts its selected
+    entries in shared memory, in rank order, before the look-back, and
+    copies them out to consecutive slots after it: no second load of the
+    tile, no scattered stores (a warp with more than a quarter of its span
+    selected writes directly instead).
+
+``gs_partial`` / ``gs_finish`` / ``gs_count*`` -- Gaussiank's statistics.
+    Mean and variance in float64 as NumPy computes them (sum x / n, then
+    sum (x - mean)^2 / n: two reads), over a fixed grid and reduced in a
+    fixed order, so the same bits every run.  ``gs_count*`` counts
+    |x| >= t for up to 16 thresholds in one read, so Gaussiank's threshold
+    corrections cost one pass, not one pass each.  (cupy's own reductions
+    to a scalar -- ``ReductionKernel``, ``std`` -- run on ONE block: one SM
+    of the GPU, about 5 GB/s; that made Gaussiank 200-500 ms at n = 2^27.)
 
 ``tk_hist`` / ``tk_find`` -- radix select of the k-th largest |x|.
     |x| of a float32 is its bit pattern with the sign cleared, and for
@@ -119,34 +133,36 @@ __device__ __forceinline__ u32 byte_sum(const u32 w) {
 // tie_key are counted the same way when TIES: entry i is selected when
 // key >= above_key, or key == tie_key and fewer than `need` ties precede it;
 // its output slot is  #(above before i) + min(#(ties before i), need).
-// After the look-back the values are loaded again (L1/L2 hits: the tile was
-// just read) unless KEEP holds them in registers: without KEEP a thread needs
-// few registers and more blocks stay resident, i.e. more loads in flight.
+// (above_key > tie_key wherever TIES is used, so no entry is both.)
 // MODE 0: select from a.  MODE 1: acc = a + b, written back to a with the
 // emitted entries zeroed (error feedback).  MODE 2: like 1 without b (the
 // continuation after an output overflow; it only zeroes what it emits).
 // GATHER: a is a compacted candidate list and in_idx its original indices.
-template <int J, int MODE, bool TIES, bool GATHER, bool KEEP>
-__device__ __forceinline__ void select_tile(
-    float* a, const float* b, const int* in_idx, const i64 n,
-    const u32 above_key, const u32 tie_key, const u32 need, const u32 cap,
-    int* __restrict__ out_idx, float* __restrict__ out_val, u64* status)
-{
-    constexpr int WARP_ELEMS = 32 * 4 * J;
-    constexpr int TILE = SEL_WARPS * WARP_ELEMS;
-    constexpr int NP = J / 4;
-    __shared__ u32 s_w[SEL_WARPS];
-    __shared__ u32 s_pa, s_pt;
-    const int lane = threadIdx.x & 31;
-    const int warp = threadIdx.x >> 5;
-    const u32 tile = blockIdx.x;
-    // 64-bit only here: offsets inside the warp's span are 32-bit (n < 2^31)
-    const i64 wbase = (i64)tile * TILE + (i64)warp * WARP_ELEMS;
-    const int lim = (int)max((i64)0, min((i64)WARP_ELEMS, n - wbase));   // valid entries
-    float* aw = a + wbase;
-    const float* bw = (MODE == 1) ? b + wbase : b;
+//
+// Two ways to write a tile's entries once its prefix is known:
+// select_tile (direct): after the look-back each thread loads its selected
+//   chunks again (L1/L2 hits: the tile was just read) unless KEEP holds them
+//   in registers (without KEEP a thread needs few registers and more blocks
+//   stay resident, i.e. more loads in flight), and writes each entry at
+//   prefix + rank: scattered 4-byte stores.
+// select_tile_staged: before the look-back every warp puts its candidates
+//   (tile offset, #ties before it, value) into shared memory at their rank in
+//   the tile, so the look-back overlaps that work and the values need no
+//   second load; afterwards the block copies ranks 0..count-1 out to
+//   prefix + rank: consecutive threads, consecutive slots.  MODE 1 writes the
+//   residual back before the look-back too, with the candidates zeroed; one
+//   that lands past `cap` is put back from the stage.  A tile with more
+//   candidates than the stage holds (TILE / 4) takes the direct path.
 
-    float v[J][4];
+// Load the tile, mark the candidates and rank them inside the warp.
+template <int J, int MODE, bool TIES>
+__device__ __forceinline__ void tile_load_rank(
+    const float* aw, const float* bw, const int lim, const int lane,
+    const u32 above_key, const u32 tie_key,
+    float (&v)[J][4], u32& ma, u32& mt, u32 (&ea)[J / 4], u32 (&ta)[J / 4],
+    u32 (&et)[J / 4], u32 (&tt)[J / 4], u32& wa, u32& wt)
+{
+    constexpr int NP = J / 4;
 #pragma unroll
     for (int j = 0; j < J; ++j) {
         const int o = (j * 32 + lane) * 4;
@@ -169,7 +185,7 @@ __device__ __forceinline__ void select_tile(
         }
     }
 
-    u32 ma = 0, mt = 0;             // bit 4j+c: entry (j, c) above / tie
+    ma = 0; mt = 0;                 // bit 4j+c: entry (j, c) above / tie
 #pragma unroll
     for (int j = 0; j < J; ++j) {
         const int o = (j * 32 + lane) * 4;
@@ -181,8 +197,7 @@ __device__ __forceinline__ void select_tile(
             if (TIES && ok && key == tie_key) mt |= 1u << (4 * j + c);
         }
     }
-    u32 ea[NP], ta[NP], et[NP], tt[NP];     // packed: lane-exclusive prefix, warp total
-    u32 wa = 0, wt = 0;
+    wa = 0; wt = 0;                 // packed: lane-exclusive prefix, warp total
 #pragma unroll
     for (int p = 0; p < NP; ++p) {
         u32 pa = 0, pt = 0;
@@ -204,51 +219,48 @@ __device__ __forceinline__ void select_tile(
             et[p] = 0; tt[p] = 0;
         }
     }
-    if (lane == 0) s_w[warp] = wa | (wt << 16);      // each <= 32*4*J <= 1024
-    __syncthreads();
+}
 
-    if (warp == 0) {
-        const u32 x = (lane < SEL_WARPS) ? s_w[lane] : 0u;
-        const u32 incl = warp_incl_scan(x, lane);       // halves stay < 2^16
-        const u32 agg = __shfl_sync(FULL, incl, SEL_WARPS - 1);
-        const u32 agg_a = agg & 0xffffu, agg_t = agg >> 16;
-        if (lane < SEL_WARPS) s_w[lane] = incl - x;     // each lane rewrites its own slot
-        u32 pa = 0, pt = 0;
-        if (tile == 0) {
-            if (lane == 0) st_publish(&status[0], ST_INC | ((u64)agg_a << 31) | (u64)agg_t);
-        } else {
-            if (lane == 0) st_publish(&status[tile], ST_AGG | ((u64)agg_a << 31) | (u64)agg_t);
-            i64 pred = (i64)tile - 1;
-            while (true) {
-                const i64 t = pred - lane;
-                u64 s = ST_INC;                          // before tile 0: inclusive zero
-                if (t >= 0) {
-                    s = st_read(&status[t]);
-                    while ((s >> ST_FLAG_SHIFT) == 0) { __nanosleep(32); s = st_read(&status[t]); }
-                }
-                const u32 inc = __ballot_sync(FULL, (s >> ST_FLAG_SHIFT) == 2);
-                const int stop = inc ? (__ffs(inc) - 1) : 31;    // nearest inclusive
-                u32 ca = (lane <= stop) ? (u32)((s >> 31) & CNT31) : 0u;
-                u32 ct = (lane <= stop) ? (u32)(s & CNT31) : 0u;
-#pragma unroll
-                for (int o = 16; o > 0; o >>= 1) {
-                    ca += __shfl_xor_sync(FULL, ca, o);
-                    ct += __shfl_xor_sync(FULL, ct, o);
-                }
-                pa += ca; pt += ct;
-                if (inc) break;
-                pred -= 32;
-            }
-            if (lane == 0)
-                st_publish(&status[tile], ST_INC | ((u64)(pa + agg_a) << 31) | (u64)(pt + agg_t));
+// Warp 0, tile > 0: sum the predecessors' published counts back to the
+// nearest inclusive prefix (32 tiles per step).  Returns (above, ties) before
+// this tile in every lane.
+__device__ __forceinline__ void tile_lookback(const u64* status, const u32 tile, const int lane,
+                                              u32& pa, u32& pt)
+{
+    pa = 0; pt = 0;
+    i64 pred = (i64)tile - 1;
+    while (true) {
+        const i64 t = pred - lane;
+        u64 s = ST_INC;                          // before tile 0: inclusive zero
+        if (t >= 0) {
+            s = st_read(&status[t]);
+            while ((s >> ST_FLAG_SHIFT) == 0) { __nanosleep(32); s = st_read(&status[t]); }
         }
-        if (lane == 0) { s_pa = pa; s_pt = pt; }
+        const u32 inc = __ballot_sync(FULL, (s >> ST_FLAG_SHIFT) == 2);
+        const int stop = inc ? (__ffs(inc) - 1) : 31;    // nearest inclusive
+        u32 ca = (lane <= stop) ? (u32)((s >> 31) & CNT31) : 0u;
+        u32 ct = (lane <= stop) ? (u32)(s & CNT31) : 0u;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            ca += __shfl_xor_sync(FULL, ca, o);
+            ct += __shfl_xor_sync(FULL, ct, o);
+        }
+        pa += ca; pt += ct;
+        if (inc) break;
+        pred -= 32;
     }
-    __syncthreads();
+}
 
-    const u32 wx = s_w[warp];
-    const u32 ga = s_pa + (wx & 0xffffu);       // above before this warp's span
-    const u32 gt = s_pt + (wx >> 16);           // ties before it
+// Write this lane's selected entries at their global slots; ga / gt: above /
+// ties before this warp's span.  Reloads the values unless KEEP.
+template <int J, int MODE, bool TIES, bool GATHER, bool KEEP>
+__device__ __forceinline__ void tile_write_direct(
+    float* aw, const float* bw, const int* in_idx, const i64 wbase, const int lim,
+    const int lane, const u32 ga, const u32 gt, const u32 need, const u32 cap,
+    const float (&v)[J][4], const u32 ma, const u32 mt, const u32 (&ea)[J / 4],
+    const u32 (&ta)[J / 4], const u32 (&et)[J / 4], const u32 (&tt)[J / 4],
+    int* __restrict__ out_idx, float* __restrict__ out_val)
+{
     const int ibase = (int)wbase;               // used only for valid entries (< n < 2^31)
     u32 ba = 0, bt = 0;                         // totals of this warp's earlier chunks
 #pragma unroll
@@ -305,6 +317,177 @@ __device__ __forceinline__ void select_tile(
     }
 }
 
+template <int J, int MODE, bool TIES, bool GATHER, bool KEEP>
+__device__ __forceinline__ void select_tile(
+    float* a, const float* b, const int* in_idx, const i64 n,
+    const u32 above_key, const u32 tie_key, const u32 need, const u32 cap,
+    int* __restrict__ out_idx, float* __restrict__ out_val, u64* status)
+{
+    constexpr int WARP_ELEMS = 32 * 4 * J;
+    constexpr int TILE = SEL_WARPS * WARP_ELEMS;
+    constexpr int NP = J / 4;
+    __shared__ u32 s_w[SEL_WARPS];
+    __shared__ u32 s_pa, s_pt;
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const u32 tile = blockIdx.x;
+    // 64-bit only here: offsets inside the warp's span are 32-bit (n < 2^31)
+    const i64 wbase = (i64)tile * TILE + (i64)warp * WARP_ELEMS;
+    const int lim = (int)max((i64)0, min((i64)WARP_ELEMS, n - wbase));   // valid entries
+    float* aw = a + wbase;
+    const float* bw = (MODE == 1) ? b + wbase : b;
+
+    float v[J][4];
+    u32 ma, mt, wa, wt, ea[NP], ta[NP], et[NP], tt[NP];
+    tile_load_rank<J, MODE, TIES>(aw, bw, lim, lane, above_key, tie_key, v, ma, mt,
+                                  ea, ta, et, tt, wa, wt);
+    if (lane == 0) s_w[warp] = wa | (wt << 16);      // each <= 32*4*J <= 1024
+    __syncthreads();
+
+    if (warp == 0) {
+        const u32 x = (lane < SEL_WARPS) ? s_w[lane] : 0u;
+        const u32 incl = warp_incl_scan(x, lane);       // halves stay < 2^16
+        const u32 agg = __shfl_sync(FULL, incl, SEL_WARPS - 1);
+        const u32 agg_a = agg & 0xffffu, agg_t = agg >> 16;
+        if (lane < SEL_WARPS) s_w[lane] = incl - x;     // each lane rewrites its own slot
+        u32 pa = 0, pt = 0;
+        if (tile == 0) {
+            if (lane == 0) st_publish(&status[0], ST_INC | ((u64)agg_a << 31) | (u64)agg_t);
+        } else {
+            if (lane == 0) st_publish(&status[tile], ST_AGG | ((u64)agg_a << 31) | (u64)agg_t);
+            tile_lookback(status, tile, lane, pa, pt);
+            if (lane == 0)
+                st_publish(&status[tile], ST_INC | ((u64)(pa + agg_a) << 31) | (u64)(pt + agg_t));
+        }
+        if (lane == 0) { s_pa = pa; s_pt = pt; }
+    }
+    __syncthreads();
+
+    const u32 wx = s_w[warp];
+    tile_write_direct<J, MODE, TIES, GATHER, KEEP>(
+        aw, bw, in_idx, wbase, lim, lane, s_pa + (wx & 0xffffu), s_pt + (wx >> 16), need, cap,
+        v, ma, mt, ea, ta, et, tt, out_idx, out_val);
+}
+
+template <int J, int MODE, bool TIES, bool GATHER>
+__device__ __forceinline__ void select_tile_staged(
+    float* a, const float* b, const int* in_idx, const i64 n,
+    const u32 above_key, const u32 tie_key, const u32 need, const u32 cap,
+    int* __restrict__ out_idx, float* __restrict__ out_val, u64* status)
+{
+    static_assert(MODE == 0 || MODE == 1, "staged: plain or error-feedback select");
+    static_assert(!(MODE == 1 && TIES), "staged EF has no tie rule");
+    constexpr int WARP_ELEMS = 32 * 4 * J;
+    constexpr int TILE = SEL_WARPS * WARP_ELEMS;
+    constexpr int NP = J / 4;
+    constexpr u32 STAGE = WARP_ELEMS / 4;      // candidates a warp can stage
+    constexpr u32 OFF_MASK = 0x3fffu;          // bits 0-13: offset in the warp's span,
+    constexpr u32 TIE_BIT = 0x80000000u;       // 14-27: #ties before it there, 31: a tie
+    static_assert(WARP_ELEMS <= 8192, "stage words hold 14-bit offsets and tie ranks");
+    __shared__ u32 s_w[SEL_WARPS];
+    __shared__ u32 s_pa, s_pt;
+    __shared__ u32 s_meta[SEL_WARPS][STAGE];
+    __shared__ float s_val[SEL_WARPS][STAGE];
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const u32 tile = blockIdx.x;
+    const i64 wbase = (i64)tile * TILE + (i64)warp * WARP_ELEMS;
+    const int lim = (int)max((i64)0, min((i64)WARP_ELEMS, n - wbase));   // valid entries
+    float* aw = a + wbase;
+    const float* bw = (MODE == 1) ? b + wbase : b;
+
+    float v[J][4];
+    u32 ma, mt, wa, wt, ea[NP], ta[NP], et[NP], tt[NP];
+    tile_load_rank<J, MODE, TIES>(aw, bw, lim, lane, above_key, tie_key, v, ma, mt,
+                                  ea, ta, et, tt, wa, wt);
+    const u32 cnt = wa + wt;
+    const bool staged = cnt <= STAGE;          // warp-uniform; else the direct path
+    if (staged) {                              // the values die here, before the look-back
+        u32* sm = s_meta[warp];
+        float* sv = s_val[warp];
+        u32 ba = 0, bt = 0;
+#pragma unroll
+        for (int j = 0; j < J; ++j) {
+            const int p = j >> 2, q = j & 3;
+            const int o = (j * 32 + lane) * 4;
+            const u32 mj = (ma >> (4 * j)) & 0xfu;
+            const u32 tj = TIES ? ((mt >> (4 * j)) & 0xfu) : 0u;
+            if (mj | tj) {
+                u32 ra = ba + byte_of(ea[p], q);           // ranks in the warp's span
+                u32 rt = bt + byte_of(et[p], q);
+#pragma unroll
+                for (int c = 0; c < 4; ++c) {
+                    const u32 pa_ = (mj >> c) & 1u, pt_ = (tj >> c) & 1u;
+                    if (pa_ | pt_) {
+                        sm[ra + rt] = (u32)(o + c) | (rt << 14) | (pa_ ? 0u : TIE_BIT);
+                        sv[ra + rt] = v[j][c];
+                    }
+                    ra += pa_; rt += pt_;
+                }
+            }
+            if (MODE == 1) {        // the residual goes back now, candidates zeroed
+                float w[4];
+#pragma unroll
+                for (int c = 0; c < 4; ++c) w[c] = ((mj >> c) & 1u) ? 0.0f : v[j][c];
+                if (o + 3 < lim) {
+                    *reinterpret_cast<float4*>(aw + o) = make_float4(w[0], w[1], w[2], w[3]);
+                } else {
+#pragma unroll
+                    for (int c = 0; c < 4; ++c) if (o + c < lim) aw[o + c] = w[c];
+                }
+            }
+            ba += byte_of(ta[p], q);
+            bt += byte_of(tt[p], q);
+        }
+    }
+    if (lane == 0) s_w[warp] = wa | (wt << 16);      // each <= 32*4*J <= 1024
+    __syncthreads();
+
+    if (warp == 0) {                                 // as in select_tile
+        const u32 x = (lane < SEL_WARPS) ? s_w[lane] : 0u;
+        const u32 incl = warp_incl_scan(x, lane);
+        const u32 agg = __shfl_sync(FULL, incl, SEL_WARPS - 1);
+        const u32 agg_a = agg & 0xffffu, agg_t = agg >> 16;
+        if (lane < SEL_WARPS) s_w[lane] = incl - x;
+        u32 pa = 0, pt = 0;
+        if (tile == 0) {
+            if (lane == 0) st_publish(&status[0], ST_INC | ((u64)agg_a << 31) | (u64)agg_t);
+        } else {
+            if (lane == 0) st_publish(&status[tile], ST_AGG | ((u64)agg_a << 31) | (u64)agg_t);
+            tile_lookback(status, tile, lane, pa, pt);
+            if (lane == 0)
+                st_publish(&status[tile], ST_INC | ((u64)(pa + agg_a) << 31) | (u64)(pt + agg_t));
+        }
+        if (lane == 0) { s_pa = pa; s_pt = pt; }
+    }
+    __syncthreads();
+
+    const u32 wx = s_w[warp];
+    const u32 ga = s_pa + (wx & 0xffffu);       // above before this warp's span
+    const u32 gt = s_pt + (wx >> 16);           // ties before it
+    if (!staged) {
+        tile_write_direct<J, MODE, TIES, GATHER, false>(
+            aw, bw, in_idx, wbase, lim, lane, ga, gt, need, cap,
+            v, ma, mt, ea, ta, et, tt, out_idx, out_val);
+        return;
+    }
+    // lanes copy consecutive ranks to consecutive slots
+    for (u32 r = lane; r < cnt; r += 32) {
+        const u32 m = s_meta[warp][r];
+        const u32 off = m & OFF_MASK;
+        const u32 tr = TIES ? ((m >> 14) & OFF_MASK) : 0u;
+        if (TIES && (m & TIE_BIT) && gt + tr >= need) continue;   // past the first `need` ties
+        const u32 pos = ga + (r - tr) + (TIES ? min(gt + tr, need) : 0u);
+        const float val = s_val[warp][r];
+        if (pos < cap) {
+            out_idx[pos] = GATHER ? in_idx[wbase + off] : (int)wbase + (int)off;
+            out_val[pos] = val;
+        } else if (MODE == 1) {
+            aw[off] = val;          // no room in the output: it stays in the residual
+        }
+    }
+}
+
 #define SEL_ARGS float* a, const float* b, const int* in_idx, const i64 n,          \
     const u32 above_key, const u32 tie_key, const u32 need, const u32* dparams,       \
     const u32 cap, int* __restrict__ out_idx, float* __restrict__ out_val, u64* status
@@ -318,6 +501,14 @@ extern "C" __global__ void __launch_bounds__(SEL_THREADS, MINB) NAME(SEL_ARGS) {
 extern "C" __global__ void __launch_bounds__(SEL_THREADS, MINB) NAME(SEL_ARGS) {    \
     select_tile<J, 0, true, GATHER, false>(SEL_PASS(dparams[0], dparams[1], dparams[2])); \
 }
+#define DEFINE_SELECT_STAGED(NAME, J, MODE, MINB)                                    \
+extern "C" __global__ void __launch_bounds__(SEL_THREADS, MINB) NAME(SEL_ARGS) {    \
+    select_tile_staged<J, MODE, false, false>(SEL_PASS(above_key, tie_key, need));   \
+}
+#define DEFINE_TOPK_STAGED(NAME, J, GATHER, MINB)                                    \
+extern "C" __global__ void __launch_bounds__(SEL_THREADS, MINB) NAME(SEL_ARGS) {    \
+    select_tile_staged<J, 0, true, GATHER>(SEL_PASS(dparams[0], dparams[1], dparams[2])); \
+}
 DEFINE_SELECT(sel_thr4, 4, 0, false, MINB_THR4)
 DEFINE_SELECT(sel_thr8, 8, 0, false, MINB_THR8)
 DEFINE_SELECT(sel_ef4, 4, 1, true, MINB_EF4)
@@ -329,6 +520,14 @@ DEFINE_TOPK(sel_topk4, 4, true, MINB_TOPK4)
 DEFINE_TOPK(sel_topk8, 8, true, MINB_TOPK8)
 DEFINE_TOPK(sel_topkx4, 4, false, MINB_TOPK4)
 DEFINE_TOPK(sel_topkx8, 8, false, MINB_TOPK8)
+DEFINE_SELECT_STAGED(sel_thrs4, 4, 0, MINB_THR4)
+DEFINE_SELECT_STAGED(sel_thrs8, 8, 0, MINB_THR8)
+DEFINE_SELECT_STAGED(sel_efs4, 4, 1, MINB_EFR4)
+DEFINE_SELECT_STAGED(sel_efs8, 8, 1, MINB_EFR8)
+DEFINE_TOPK_STAGED(sel_topks4, 4, true, MINB_TOPK4)
+DEFINE_TOPK_STAGED(sel_topks8, 8, true, MINB_TOPK8)
+DEFINE_TOPK_STAGED(sel_topkxs4, 4, false, MINB_TOPK4)
+DEFINE_TOPK_STAGED(sel_topkxs8, 8, false, MINB_TOPK8)
 
 // ---- radix select ------------------------------------------------------------
 #define S_PREFIX 0
@@ -422,6 +621,120 @@ tk_find(const u32* __restrict__ hist, const int nbits, const int shift,
     if (lane == 0) st[S_ERR] = 1u;                 // fewer than k keys: a bug
 }
 
+// ---- Gaussiank: moments and counts at several thresholds ---------------------
+#define GS_THREADS 256
+
+__device__ __forceinline__ double gs_term(const float v, const double m, const bool centred) {
+    if (!centred) return (double)v;
+    const double d = (double)v - m;
+    return d * d;
+}
+
+__device__ __forceinline__ double gs_term4(const float4 q, const double m, const bool centred) {
+    return (gs_term(q.x, m, centred) + gs_term(q.y, m, centred))
+         + (gs_term(q.z, m, centred) + gs_term(q.w, m, centred));
+}
+
+// part[block] = sum of x (mu == null) or of (x - *mu)^2 over the block's share
+// of the float4 chunks (grid stride, two loads in flight), in float64.
+extern "C" __global__ void __launch_bounds__(GS_THREADS)
+gs_partial(const float* __restrict__ x, const i64 n, const double* __restrict__ mu,
+           double* __restrict__ part)
+{
+    __shared__ double s_part[GS_THREADS / 32];
+    const bool centred = mu != nullptr;
+    const double m = centred ? *mu : 0.0;
+    const float4* x4 = reinterpret_cast<const float4*>(x);
+    const i64 n4 = n >> 2;
+    const i64 stride = (i64)gridDim.x * GS_THREADS;
+    double s = 0.0;
+    for (i64 q = (i64)blockIdx.x * GS_THREADS + threadIdx.x; q < n4; q += 2 * stride) {
+        const float4 u0 = __ldg(x4 + q);
+        const bool ok1 = q + stride < n4;
+        float4 u1 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (ok1) u1 = __ldg(x4 + q + stride);
+        s += gs_term4(u0, m, centred);
+        if (ok1) s += gs_term4(u1, m, centred);
+    }
+    if (blockIdx.x == 0 && (i64)threadIdx.x < (n & 3))      // the last n % 4 entries
+        s += gs_term(x[n4 * 4 + threadIdx.x], m, centred);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(FULL, s, o);
+    if ((threadIdx.x & 31) == 0) s_part[threadIdx.x >> 5] = s;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double t = 0.0;
+        for (int w = 0; w < GS_THREADS / 32; ++w) t += s_part[w];
+        part[blockIdx.x] = t;
+    }
+}
+
+// One warp: *out = sum(part[0..np)) / n, always in the same order.
+extern "C" __global__ void __launch_bounds__(32)
+gs_finish(const double* __restrict__ part, const int np, const i64 n, double* __restrict__ out)
+{
+    double s = 0.0;
+    for (int i = threadIdx.x; i < np; i += 32) s += part[i];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(FULL, s, o);
+    if (threadIdx.x == 0) *out = s / (double)n;
+}
+
+// counts[j] += #{i : key(x_i) >= keys[j]} for j < K (unused keys: 0xffffffff,
+// which no key reaches).  Integer atomics: the totals are exact.
+template <int K>
+__device__ __forceinline__ void gs_count(const u32* __restrict__ x, const i64 n,
+                                         const u32* __restrict__ keys, u32* __restrict__ counts)
+{
+    __shared__ u32 s_c[GS_THREADS / 32][K];
+    u32 k[K], c[K];
+#pragma unroll
+    for (int j = 0; j < K; ++j) { k[j] = keys[j]; c[j] = 0u; }
+    const uint4* x4 = reinterpret_cast<const uint4*>(x);
+    const i64 n4 = n >> 2;
+    const i64 stride = (i64)gridDim.x * GS_THREADS;
+    for (i64 q = (i64)blockIdx.x * GS_THREADS + threadIdx.x; q < n4; q += 2 * stride) {
+        const uint4 u0 = __ldg(x4 + q);
+        const bool ok1 = q + stride < n4;
+        uint4 u1 = make_uint4(0u, 0u, 0u, 0u);
+        if (ok1) u1 = __ldg(x4 + q + stride);
+        const u32 e[8] = {u0.x & KEY_MASK, u0.y & KEY_MASK, u0.z & KEY_MASK, u0.w & KEY_MASK,
+                          u1.x & KEY_MASK, u1.y & KEY_MASK, u1.z & KEY_MASK, u1.w & KEY_MASK};
+#pragma unroll
+        for (int j = 0; j < K; ++j) {
+            u32 t = (e[0] >= k[j]) + (e[1] >= k[j]) + (e[2] >= k[j]) + (e[3] >= k[j]);
+            if (ok1) t += (e[4] >= k[j]) + (e[5] >= k[j]) + (e[6] >= k[j]) + (e[7] >= k[j]);
+            c[j] += t;
+        }
+    }
+    if (blockIdx.x == 0 && (i64)threadIdx.x < (n & 3)) {   // the last n % 4 entries
+        const u32 e = x[n4 * 4 + threadIdx.x] & KEY_MASK;
+#pragma unroll
+        for (int j = 0; j < K; ++j) c[j] += (e >= k[j]);
+    }
+#pragma unroll
+    for (int j = 0; j < K; ++j) {
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) c[j] += __shfl_xor_sync(FULL, c[j], o);
+    }
+    if ((threadIdx.x & 31) == 0) {
+#pragma unroll
+        for (int j = 0; j < K; ++j) s_c[threadIdx.x >> 5][j] = c[j];
+    }
+    __syncthreads();
+    if (threadIdx.x < K) {
+        u32 t = 0;
+        for (int w = 0; w < GS_THREADS / 32; ++w) t += s_c[w][threadIdx.x];
+        if (t) atomicAdd(&counts[threadIdx.x], t);
+    }
+}
+#define DEFINE_GS_COUNT(NAME, K)                                                      \
+extern "C" __global__ void __launch_bounds__(GS_THREADS)                             \
+NAME(const u32* x, const i64 n, const u32* keys, u32* counts) { gs_count<K>(x, n, keys, counts); }
+DEFINE_GS_COUNT(gs_count1, 1)
+DEFINE_GS_COUNT(gs_count4, 4)
+DEFINE_GS_COUNT(gs_count16, 16)
+
 // ---- segmented sums in NumPy's order ---------------------------------------
 template <typename T>
 __device__ T np_pairwise_block(const T* a, const i64 n)
@@ -490,9 +803,12 @@ DEFINE_SCATTER(seg_scatter_add_i32, int)
 DEFINE_SCATTER(seg_scatter_add_i64, long long)
 """
 
-_NAMES = ("sel_thr4", "sel_thr8", "sel_ef4", "sel_ef8", "sel_efr4", "sel_efr8", "sel_efc4",
-          "sel_topk4", "sel_topk8", "sel_topkx4", "sel_topkx8",
-          "tk_hist", "tk_find", "seg_sum_f32", "seg_sum_f64",
+#: select-kernel variants: tile shape (4 or 8 float4 per lane), "s" = staged writes
+VARIANTS = ("4", "8", "s4", "s8")
+_NAMES = ("sel_ef4", "sel_ef8", "sel_efr4", "sel_efr8", "sel_efs4", "sel_efs8", "sel_efc4",
+          *(f"{kind}{v}" for kind in ("sel_thr", "sel_topk", "sel_topkx") for v in VARIANTS),
+          "tk_hist", "tk_find", "gs_partial", "gs_finish", "gs_count1", "gs_count4",
+          "gs_count16", "seg_sum_f32", "seg_sum_f64",
           "seg_scatter_add_i32", "seg_scatter_add_i64")
 
 # --------------------------------------------------------------------------
@@ -505,13 +821,18 @@ _SM_COUNT: dict[int, int] = {}
 #: Fill fresh outputs with a poison value before the kernels write them
 #: (tests set this: an entry a kernel forgot to write then shows).
 POISON = False
-#: float4 chunks per lane in the plain and top-k select kernels (4: tiles of
-#: 4096 entries, 8: 8192).  Env: AUTOTUNE_SELECT_J.
-SELECT_J = int(os.environ.get("AUTOTUNE_SELECT_J", "8"))
+#: The plain and top-k select kernels' variant (one of VARIANTS): "4" / "8"
+#: float4 chunks per lane (tiles of 4096 / 8192 entries) writing each entry
+#: directly after the look-back; "s4" / "s8" the same tiles with the selected
+#: entries staged in shared memory before the look-back and copied out in
+#: order after it.  Env: AUTOTUNE_SELECT_VARIANT.
+SELECT_VARIANT = os.environ.get("AUTOTUNE_SELECT_VARIANT", "8")
 #: The error-feedback kernel: sel_ef{4,8} keep the tile in registers between
 #: the count and the write phase, sel_efr{4,8} reload it from L2 (fewer
-#: registers, more resident blocks).  Env: AUTOTUNE_EF_KERNEL.
-EF_KERNEL = os.environ.get("AUTOTUNE_EF_KERNEL", "sel_efr4")
+#: registers, more resident blocks), sel_efs{4,8} write the residual back and
+#: stage the selected entries before the look-back (measured fastest, by
+#: 0.2-2% over sel_efr4 on an H200: docs/BENCHMARKS.md).  Env: AUTOTUNE_EF_KERNEL.
+EF_KERNEL = os.environ.get("AUTOTUNE_EF_KERNEL", "sel_efs4")
 
 SEL_THREADS = 256
 HIST_THREADS = 512
@@ -669,7 +990,10 @@ def _select(name, a, b, in_idx, n, above_key, tie_key, need, dparams, cap,
 
 
 def _sel_name(kind: str) -> str:
-    return f"{kind}{8 if SELECT_J == 8 else 4}"
+    if SELECT_VARIANT not in VARIANTS:
+        raise ValueError(f"select variant {SELECT_VARIANT!r} not in {VARIANTS} "
+                         "(AUTOTUNE_SELECT_VARIANT)")
+    return f"{kind}{SELECT_VARIANT}"
 
 
 # --------------------------------------------------------------------------
@@ -862,16 +1186,82 @@ def scatter_add_sorted(dense, idx, vals):
     return dense
 
 
-_COUNT_GE = None
+# --------------------------------------------------------------------------
+# Gaussiank: mean / std and counts at several thresholds
+# --------------------------------------------------------------------------
+
+GS_THREADS = 256
+#: thresholds one count_at_least_many launch handles
+COUNT_KEYS = 16
+_GS_COUNT = ((1, "gs_count1"), (4, "gs_count4"), (16, "gs_count16"))
+# "gauss" workspace, in uint64 words: mean, var, keys (16 uint32), counts
+# (16 uint32), then the per-block partial sums
+_GS_MEAN, _GS_VAR, _GS_KEYS, _GS_COUNTS, _GS_PART = 0, 1, 2, 10, 32
+
+
+def _gs_grid(n: int) -> int:
+    # 8 blocks of 256 per SM (full occupancy), 2 float4 per thread per step
+    return max(1, min((n // 4 + 2 * GS_THREADS - 1) // (2 * GS_THREADS), 8 * _sm_count()))
+
+
+@_on_input_device
+def mean_std(x):
+    """(mean, std) of float32 x in float64, as ``numpy.mean`` / ``numpy.std`` with
+    ``dtype=float64`` define them: sum(x) / n, then sqrt(sum((x - mean)^2) / n).
+
+    Two reads over a fixed grid, reduced in a fixed order (the same bits on
+    every run; they may differ from NumPy's pairwise sums in the last bits),
+    one host read-back.
+    """
+    fns = _funcs()
+    n = x.size
+    grid = _gs_grid(n)
+    stream = cp.cuda.get_current_stream()
+    ws = _workspace(_GS_PART + grid, stream, "gauss")
+    base = ws.buf.data.ptr
+    part = np.uint64(base + 8 * _GS_PART)
+    mean = base + 8 * _GS_MEAN
+    fns["gs_partial"]((grid,), (GS_THREADS,), (x, np.int64(n), _NULL, part))
+    fns["gs_finish"]((1,), (32,), (part, np.int32(grid), np.int64(n), np.uint64(mean)))
+    fns["gs_partial"]((grid,), (GS_THREADS,), (x, np.int64(n), np.uint64(mean), part))
+    fns["gs_finish"]((1,), (32,), (part, np.int32(grid), np.int64(n),
+                                   np.uint64(base + 8 * _GS_VAR)))
+    h = _read_back(ws, mean, 16, stream).view(np.float64)
+    return float(h[0]), math.sqrt(float(h[1]))
+
+
+@_on_input_device
+def count_at_least_many(x, keys) -> list[int]:
+    """[#{i : key(x_i) >= key} for key in keys] (float32 x): one read of x per
+    COUNT_KEYS keys, one host read-back each."""
+    keys = [int(k) for k in keys]
+    out: list[int] = []
+    for lo in range(0, len(keys), COUNT_KEYS):
+        out += _count_block(x, keys[lo:lo + COUNT_KEYS])
+    return out
+
+
+def _count_block(x, keys):
+    fns = _funcs()
+    n = x.size
+    width, name = next((w, nm) for w, nm in _GS_COUNT if w >= len(keys))
+    stream = cp.cuda.get_current_stream()
+    ws = _workspace(_GS_PART, stream, "gauss")
+    base = ws.buf.data.ptr
+    host = ws.host.view(np.uint32)      # free: the last read-back was waited for
+    host[:] = _NOKEY
+    host[:len(keys)] = keys
+    cp.cuda.runtime.memcpyAsync(base + 8 * _GS_KEYS, host.ctypes.data, 4 * COUNT_KEYS,
+                                cp.cuda.runtime.memcpyHostToDevice, stream.ptr)
+    cp.cuda.runtime.memsetAsync(base + 8 * _GS_COUNTS, 0, 4 * COUNT_KEYS, stream.ptr)
+    grid = _gs_grid(n)
+    fns[name]((grid,), (GS_THREADS,), (x, np.int64(n), np.uint64(base + 8 * _GS_KEYS),
+                                       np.uint64(base + 8 * _GS_COUNTS)))
+    h = _read_back(ws, base + 8 * _GS_COUNTS, 4 * width, stream).view(np.uint32)
+    return [int(c) for c in h[:len(keys)]]
 
 
 @_on_input_device
 def count_at_least(x, key: int) -> int:
     """#{i : key(x_i) >= key}: one read, no temporary (float32 x)."""
-    global _COUNT_GE
-    if _COUNT_GE is None:
-        _COUNT_GE = cp.ReductionKernel(
-            "float32 x, uint32 kmin", "int64 y",
-            "((__float_as_uint(x) & 0x7fffffffu) >= kmin) ? 1 : 0",
-            "a + b", "y = a", "0", "tk_count_ge")
-    return int(_COUNT_GE(x, np.uint32(key)))
+    return count_at_least_many(x, [key])[0]

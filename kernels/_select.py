@@ -190,12 +190,28 @@ def gaussian_threshold(x, density: float) -> float:
     """Gaussiank's threshold: |x| >= mean + std * z selects ``density`` of a normal x.
 
     Two-sided: P(|x - mu| > z sigma) = density  =>  z = isf(density / 2).
+    mean and std are float64 statistics of x (on the GPU: two reads, see
+    ``_cuda.mean_std``).
     """
-    xp = array_module(x)
-    mu = float(xp.mean(x, dtype=np.float64))
-    sigma = float(xp.std(x, dtype=np.float64))
+    cu = fast_float32(x)
+    if cu is not None:
+        mu, sigma = cu.mean_std(cu.prepare(x))
+    else:
+        xp = array_module(x)
+        mu = float(xp.mean(x, dtype=np.float64))
+        sigma = float(xp.std(x, dtype=np.float64))
     q = min(max(density, 1e-12), 1.0 - 1e-12)
     return abs(mu) + sigma * _STD_NORMAL.inv_cdf(1.0 - q / 2.0)
+
+
+def _correction_thresholds(thr: float, rounds: int) -> list[float]:
+    """Every threshold gaussian_select's correction loop can count, computed
+    in the loop's own order (so the floats are the loop's bits)."""
+    out, level = [thr], [thr]
+    for _ in range(rounds):
+        level = [t * f for t in level for f in (0.5, 1.5)]
+        out += level
+    return out
 
 
 def gaussian_select(x, k: int, density: float, *, rounds: int = 3):
@@ -203,7 +219,11 @@ def gaussian_select(x, k: int, density: float, *, rounds: int = 3):
 
     Following Shi et al.'s reference: up to ``rounds`` corrections halving or
     scaling the threshold by 1.5 while the count is outside [2k/3, 4k/3]; the
-    result is finally capped at k so Table 1's 2k(P-1) volume holds.
+    result is finally capped at k so Table 1's 2k(P-1) volume holds.  On the
+    GPU the counts at every threshold the loop can reach (2^(rounds+1) - 1
+    paths, at most 10 distinct values for rounds = 3) are taken in one read
+    before the loop, which then looks them up: the same decisions as counting
+    each on demand, one pass instead of up to rounds + 1.
 
     Returns:
         (indices, values, threshold)
@@ -213,9 +233,11 @@ def gaussian_select(x, k: int, density: float, *, rounds: int = 3):
     cu = fast_float32(x)
     if cu is not None:
         xf = cu.prepare(x)
+        keys = sorted({cu.threshold_key(t) for t in _correction_thresholds(thr, rounds)})
+        table = dict(zip(keys, cu.count_at_least_many(xf, keys)))
 
-        def count(t):  # one read, no |x| temporary
-            return cu.count_at_least(xf, cu.threshold_key(t))
+        def count(t):
+            return table[cu.threshold_key(t)]
     else:
         mag = xp.abs(x)
 

@@ -46,6 +46,21 @@ def cp(request):
     _cuda.POISON = False
 
 
+#: (plain / top-k variant, EF kernel): the direct writes and the staged ones
+WRITE_PATHS = {"direct": ("8", "sel_efr4"), "staged": ("s8", "sel_efs8")}
+
+
+@pytest.fixture(params=sorted(WRITE_PATHS))
+def write_path(request, cp, monkeypatch):
+    """Run the test once over the directly-writing select kernels, once over the staged ones."""
+    from kernels import _cuda
+
+    variant, ef = WRITE_PATHS[request.param]
+    monkeypatch.setattr(_cuda, "SELECT_VARIANT", variant)
+    monkeypatch.setattr(_cuda, "EF_KERNEL", ef)
+    return request.param
+
+
 def rng_for(*key):
     return np.random.default_rng([SEED, *[zlib.crc32(str(k).encode()) for k in key]])
 
@@ -110,7 +125,7 @@ def thresholds_for(x, rng):
 
 @pytest.mark.parametrize("n", SIZES)
 @pytest.mark.parametrize("dist", DISTS)
-def test_threshold_select_matches_numpy(cp, dist, n):
+def test_threshold_select_matches_numpy(cp, write_path, dist, n):
     rng = rng_for("thr", dist, n)
     x = data(dist, n, rng)
     xg = cp.asarray(x)
@@ -123,7 +138,7 @@ def test_threshold_select_matches_numpy(cp, dist, n):
 
 @pytest.mark.parametrize("n", SIZES)
 @pytest.mark.parametrize("dist", DISTS)
-def test_topk_matches_numpy(cp, dist, n):
+def test_topk_matches_numpy(cp, write_path, dist, n):
     rng = rng_for("topk", dist, n)
     x = data(dist, n, rng)
     xg = cp.asarray(x)
@@ -135,13 +150,19 @@ def test_topk_matches_numpy(cp, dist, n):
         assert kernels.kth_magnitude(xg, k) == kernels.kth_magnitude(x, k), (dist, n, k, SEED)
 
 
-@pytest.mark.parametrize("j", [4, 8])
+EF_OF_VARIANT = {"4": ("sel_ef4", "sel_efr4"), "8": ("sel_ef8", "sel_efr8"),
+                 "s4": ("sel_efs4",), "s8": ("sel_efs8",)}
+
+
+@pytest.mark.parametrize("variant", ["4", "8", "s4", "s8"])
 @pytest.mark.parametrize("dist", DISTS)
-def test_select_tile_variants(cp, dist, j, monkeypatch):
-    """Both tile shapes of the select kernels (4 or 8 float4 per lane)."""
+def test_select_tile_variants(cp, dist, variant, monkeypatch):
+    """Every select variant: tiles of 4 or 8 float4 per lane, direct or staged writes."""
     from kernels import _cuda
 
-    monkeypatch.setattr(_cuda, "SELECT_J", j)
+    assert set(EF_OF_VARIANT) == set(_cuda.VARIANTS)
+    monkeypatch.setattr(_cuda, "SELECT_VARIANT", variant)
+    j = variant
     for n in (1, 8191, 8192, 8193, 300_007):
         rng = rng_for("tiles", dist, j, n)
         x, r = data(dist, n, rng), data(dist, n, rng)
@@ -152,7 +173,7 @@ def test_select_tile_variants(cp, dist, j, monkeypatch):
         for t in thresholds_for(x, rng)[:5]:
             assert_same(kernels.threshold_select(xg, t), kernels.threshold_select(x, t),
                         f"threshold J={j} {dist} n={n} t={t!r}")
-            for ef in (f"sel_ef{j}", f"sel_efr{j}"):
+            for ef in EF_OF_VARIANT[variant]:
                 monkeypatch.setattr(_cuda, "EF_KERNEL", ef)
                 rh, rg = r.copy(), cp.asarray(r)
                 ref = kernels.threshold_select_ef(rh, x, t)
@@ -162,7 +183,7 @@ def test_select_tile_variants(cp, dist, j, monkeypatch):
 
 @pytest.mark.parametrize("n", SIZES)
 @pytest.mark.parametrize("dist", DISTS)
-def test_threshold_select_ef_matches_numpy(cp, dist, n):
+def test_threshold_select_ef_matches_numpy(cp, write_path, dist, n):
     rng = rng_for("ef", dist, n)
     r = data(dist, n, rng)
     x = data(dist, n, rng)
@@ -181,7 +202,7 @@ def test_threshold_select_ef_matches_numpy(cp, dist, n):
 
 
 @pytest.mark.parametrize("dist", ["gaussian", "ties", "hot"])
-def test_output_overflow_paths(cp, dist):
+def test_output_overflow_paths(cp, write_path, dist):
     """A capacity too small for the selection: rerun (plain) / continuation (EF)."""
     from kernels import _cuda
 
@@ -300,9 +321,62 @@ def test_gaussian_select_and_cap(cp):
         ri, rv = kernels.cap_selection(*kernels.threshold_select(x, thr), k)
         assert_same((gi, gv), (ri, rv), f"gaussian_select {dist}")
         assert 0 < gi.size <= k
+        _, _, thr_np = kernels.gaussian_select(x, k, k / x.size)
+        assert thr == pytest.approx(thr_np, rel=1e-12, abs=0.0), (dist, thr, thr_np, SEED)
         ci, cv = kernels.threshold_select(x, 0.0)
         assert_same(kernels.cap_selection(cp.asarray(ci), cp.asarray(cv), k),
                     kernels.cap_selection(ci, cv, k), f"cap_selection {dist}")
+
+
+@pytest.mark.parametrize("dist", DISTS)
+def test_gaussian_corrections_match_numpy(cp, dist, monkeypatch):
+    """From the same starting threshold, the GPU's one-pass table of counts
+    takes the numpy loop's decisions: the same final threshold and selection,
+    over starting points that need 0 to 3 corrections either way."""
+    from kernels import _select
+
+    n = 100_003
+    x = data(dist, n, rng_for("gcorr", dist))
+    xg = cp.asarray(x)
+    mag = np.sort(np.abs(x))
+    for k in (1, 100, 5000):
+        for q in (0.5, 0.9, 0.99, 0.9999, 1.0):
+            t0 = float(mag[min(n - 1, int(q * n))]) * 1.37 + 1e-30
+            monkeypatch.setattr(_select, "gaussian_threshold", lambda x, d, t0=t0: t0)
+            ri, rv, rt = kernels.gaussian_select(x, k, k / n)
+            gi, gv, gt = kernels.gaussian_select(xg, k, k / n)
+            assert gt == rt, (dist, k, q, gt, rt, SEED)
+            assert_same((gi, gv), (ri, rv), f"gaussian corrections {dist} k={k} q={q}")
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 4097, 1_000_003])
+def test_mean_std_float64(cp, n):
+    from kernels import _cuda
+
+    rng = rng_for("moments", n)
+    for x in (data("heavy", n, rng), (1000.0 + rng.standard_normal(n)).astype(np.float32),
+              data("zeros", n, rng)):
+        mu, sd = _cuda.mean_std(cp.asarray(x))
+        # float64 sums in another order: errors of a few ulps of sum |x|
+        scale = float(np.mean(np.abs(x), dtype=np.float64))
+        assert abs(mu - float(np.mean(x, dtype=np.float64))) <= 1e-12 * scale, (n, mu, SEED)
+        assert sd == pytest.approx(float(np.std(x, dtype=np.float64)), rel=1e-9, abs=1e-300)
+        assert _cuda.mean_std(cp.asarray(x)) == (mu, sd)      # fixed order: same bits
+
+
+@pytest.mark.parametrize("n", [1, 7, 4096, 300_001])
+def test_count_at_least_many(cp, n):
+    from kernels import _cuda
+
+    rng = rng_for("counts", n)
+    x = data("ties", n, rng) * data("heavy", n, rng)
+    keys = sorted({_cuda.threshold_key(float(t)) for t in np.quantile(np.abs(x), rng.random(20))})
+    keys += [0, 1, _cuda.threshold_key(3.0), 0x7F800000, 0x7FFFFFFF]     # all, inf, above inf
+    got = _cuda.count_at_least_many(cp.asarray(x), keys)
+    mag = np.abs(x)
+    want = [int(np.count_nonzero(mag >= _cuda.key_to_float(k))) for k in keys]
+    assert got == want, (n, SEED)
+    assert _cuda.count_at_least(cp.asarray(x), keys[0]) == want[0]
 
 
 def test_repeatable_and_compiled_once(cp):

@@ -5,6 +5,13 @@ Run from the repository root on a GPU machine:
 
     python3 tests/benchmarks/gpu_kernels.py [--log2n 20,22,24,25,26,27,28]
         [--density 0.001,0.01] [--reps 20] [--md FILE] [--json FILE] [--smoke]
+        [--parts select,topk,routes,sparse,gaussian] [--gaussian-log2n 24,27]
+
+``--parts`` picks what runs: select = the threshold and EF kernels of every
+variant (kernel and call figures, the default's kernel timed twice to show the
+spread); topk = exact top-k per variant and the radix select; routes = torch
+and cupy's routes; sparse = coo_sum / scatter_add; gaussian = Gaussiank's
+selection (new path and the replaced one) on normal and Student-t(2) data.
 
 For every n and density, on standard-normal float32 data, each operation is
 timed with CUDA events on the null stream (3 warm-up calls, then the median of
@@ -14,7 +21,8 @@ call's figure includes its launch gaps).  Inputs rotate among enough copies
 
   copy       cupy.copyto(dst, x): 4n read + 4n written
   read       a read-only kernel over x: 4n bytes, one read of the input (the floor)
-  thr        kernels.threshold_select(x, t), t = the exact k-th magnitude
+  thr        kernels.threshold_select(x, t), t = the exact k-th magnitude, every
+             select variant (_cuda.VARIANTS: 4 / 8 float4 per lane, s = staged)
   thr_ef     kernels.threshold_select_ef(r, x, t), r zeroed before the call (untimed)
   topk       kernels.topk_select(x, k): exact, sorted indices + values
   kth        the radix select alone (kernels._cuda._radix)
@@ -37,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import itertools
 import json
 import math
 import os
@@ -151,7 +160,10 @@ def graph_time(body, nbuf, reps=20, trials=5):
     return statistics.median(times)
 
 
-def run_size(log2n, densities, reps, want_torch, results, checks):
+EF_KERNELS = ("sel_ef4", "sel_ef8", "sel_efr4", "sel_efr8", "sel_efs4", "sel_efs8")
+
+
+def run_size(log2n, densities, reps, parts, results, checks):
     n = 1 << log2n
     nbuf = max(1, min(64, math.ceil((256 << 20) / (4 * n))))
     g = cp.random.default_rng(log2n)
@@ -159,6 +171,7 @@ def run_size(log2n, densities, reps, want_torch, results, checks):
     dst = cp.empty_like(xs[0])
     res = [cp.zeros_like(xs[0]) for _ in range(nbuf)]
     sink = cp.zeros(1, cp.uint32)
+    want_torch = "routes" in parts
     torch = None
     if want_torch:
         import torch
@@ -176,44 +189,58 @@ def run_size(log2n, densities, reps, want_torch, results, checks):
         cp.cuda.runtime.memsetAsync(res[b].data.ptr, 0, 4 * n, cp.cuda.get_current_stream().ptr)
     row0["memset_r"] = graph_time(zero_res, nbuf)
 
-    # pass-1 histogram alone
-    hws = cp.zeros(2048 + 16, cp.uint32)
+    if "topk" in parts:         # pass-1 histogram alone
+        hws = cp.zeros(2048 + 16, cp.uint32)
 
-    def hist1(b):
-        cp.cuda.runtime.memsetAsync(hws.data.ptr, 0, hws.nbytes, cp.cuda.get_current_stream().ptr)
-        _cuda._hist(xs[b], n, hws.data.ptr + 4 * 2048, hws.data.ptr, 20, 11, 4)
-    row0["hist1"] = graph_time(hist1, nbuf)
+        def hist1(b):
+            cp.cuda.runtime.memsetAsync(hws.data.ptr, 0, hws.nbytes, cp.cuda.get_current_stream().ptr)
+            _cuda._hist(xs[b], n, hws.data.ptr + 4 * 2048, hws.data.ptr, 20, 11, 4)
+        row0["hist1"] = graph_time(hist1, nbuf)
 
+    default_v = _cuda.SELECT_VARIANT
     for d in densities:
         k = kernels.k_from_density(n, d)
         t = kernels.kth_magnitude(xs[0], k)
         key = _cuda.threshold_key(t)
         c = int(kernels.threshold_select(xs[0], t)[0].size)
-        row = dict(row0, density=d, k=k, count=c)
+        row = dict(row0, density=d, k=k, count=c, select_variant=default_v,
+                   ef_kernel=_cuda.EF_KERNEL)
         cap = min(n, 2 * c + 1024)
         oi, ov = cp.empty(cap, cp.int32), cp.empty(cap, cp.float32)
-        for j in (4, 8):
-            row[f"thr_k{j}"] = graph_time(lambda b: _cuda._select(
-                f"sel_thr{j}", xs[b], None, None, n, key, _cuda._NOKEY, 0, None, cap, oi, ov,
+
+        def thr_kernel(v):
+            return graph_time(lambda b: _cuda._select(
+                f"sel_thr{v}", xs[b], None, None, n, key, _cuda._NOKEY, 0, None, cap, oi, ov,
                 read_total=False), nbuf)
 
-        for name in ("sel_ef4", "sel_ef8", "sel_efr4", "sel_efr8"):
-            def ef(b, name=name):
-                zero_res(b)
-                _cuda._select(name, res[b], xs[b], None, n, key, _cuda._NOKEY, 0, None,
-                              cap, oi, ov, read_total=False)
-            row[f"ef_k_{name}"] = graph_time(ef, nbuf) - row0["memset_r"]
-        default_j = _cuda.SELECT_J
-        for j in (4, 8):
-            _cuda.SELECT_J = j
-            row[f"thr_call{j}"] = bench(lambda b: kernels.threshold_select(xs[b], t), reps, nbuf)[0]
-            row[f"topk{j}"] = bench(lambda b: kernels.topk_select(xs[b], k), reps, nbuf)[0]
-        _cuda.SELECT_J = default_j
-        row["select_j"] = default_j
-        row["ef_kernel"] = _cuda.EF_KERNEL
-        row["ef_call"] = bench(lambda b: kernels.threshold_select_ef(res[b], xs[b], t), reps,
-                               nbuf, setup=lambda b: res[b].fill(0))[0]
-        row["kth"] = bench(lambda b: _cuda._radix(xs[b], k), reps, nbuf)[0]
+        if "select" in parts:
+            for v in _cuda.VARIANTS:
+                row[f"thr_k_{v}"] = thr_kernel(v)
+            for name in EF_KERNELS:
+                def ef(b, name=name):
+                    zero_res(b)
+                    _cuda._select(name, res[b], xs[b], None, n, key, _cuda._NOKEY, 0, None,
+                                  cap, oi, ov, read_total=False)
+                row[f"ef_k_{name}"] = graph_time(ef, nbuf) - row0["memset_r"]
+            row["thr_k_again"] = thr_kernel(default_v)     # the spread of one figure
+            for name in ("sel_efr4", "sel_efs4"):              # ... and of two EF figures
+                row[f"ef_k_again_{name}"] = graph_time(
+                    lambda b, name=name: (zero_res(b), _cuda._select(
+                        name, res[b], xs[b], None, n, key, _cuda._NOKEY, 0, None, cap, oi, ov,
+                        read_total=False)), nbuf) - row0["memset_r"]
+            for v in _cuda.VARIANTS:
+                _cuda.SELECT_VARIANT = v
+                row[f"thr_call_{v}"] = bench(lambda b: kernels.threshold_select(xs[b], t),
+                                             reps, nbuf)[0]
+            _cuda.SELECT_VARIANT = default_v
+            row["ef_call"] = bench(lambda b: kernels.threshold_select_ef(res[b], xs[b], t), reps,
+                                   nbuf, setup=lambda b: res[b].fill(0))[0]
+        if "topk" in parts:
+            for v in _cuda.VARIANTS:
+                _cuda.SELECT_VARIANT = v
+                row[f"topk_{v}"] = bench(lambda b: kernels.topk_select(xs[b], k), reps, nbuf)[0]
+            _cuda.SELECT_VARIANT = default_v
+            row["kth"] = bench(lambda b: _cuda._radix(xs[b], k), reps, nbuf)[0]
         if want_torch:
             row["torch"] = bench(lambda b: torch.topk(xts[b].abs(), k, sorted=False), reps, nbuf)[0]
 
@@ -233,23 +260,109 @@ def run_size(log2n, densities, reps, want_torch, results, checks):
         def cupy_thr(b):
             i = cp.flatnonzero(cp.abs(xs[b]) >= np.float32(t))
             return i, xs[b][i]
-        row["cupy_topk"] = bench(cupy_topk, reps, nbuf)[0]
-        row["cupy_argp"] = bench(cupy_argp, reps, nbuf)[0]
-        row["cupy_thr"] = bench(cupy_thr, reps, nbuf)[0]
+        if "routes" in parts:
+            row["cupy_topk"] = bench(cupy_topk, reps, nbuf)[0]
+            row["cupy_argp"] = bench(cupy_argp, reps, nbuf)[0]
+            row["cupy_thr"] = bench(cupy_thr, reps, nbuf)[0]
 
-        # same answers as the other routes, on this data
-        oi2, ov2 = kernels.topk_select(xs[0], k)
+        # same answers as the other routes, on this data, for every variant
+        ok = True
         gi, _ = cupy_topk(0)
-        ok = bool(cp.array_equal(oi2, gi.astype(cp.int32)))
+        ci, cv = cupy_thr(0)
+        for v in _cuda.VARIANTS:
+            _cuda.SELECT_VARIANT = v
+            oi2, _ = kernels.topk_select(xs[0], k)
+            ok &= bool(cp.array_equal(oi2, gi.astype(cp.int32)))
+            ti2, tv2 = kernels.threshold_select(xs[0], t)
+            ok &= bool(cp.array_equal(ti2, ci.astype(cp.int32))) and bool(cp.array_equal(tv2, cv))
+        _cuda.SELECT_VARIANT = default_v
         if want_torch and n <= 1 << 26:
             ti = torch.topk(xts[0].abs(), k, sorted=False).indices
-            ok &= bool(cp.array_equal(oi2, cp.sort(cp.from_dlpack(ti)).astype(cp.int32)))
-        ti2, tv2 = kernels.threshold_select(xs[0], t)
-        ci, cv = cupy_thr(0)
-        ok &= bool(cp.array_equal(ti2, ci.astype(cp.int32))) and bool(cp.array_equal(tv2, cv))
+            ok &= bool(cp.array_equal(gi.astype(cp.int32), cp.sort(cp.from_dlpack(ti)).astype(cp.int32)))
+        ef_out = []                 # EF: every kernel, the same output and residual
+        for name in EF_KERNELS:
+            r = res[0]
+            r.fill(0)
+            got = _cuda._select(name, r, xs[0], None, n, key, _cuda._NOKEY, 0, None, cap, oi, ov)
+            ef_out.append((got, oi[:c].copy(), ov[:c].copy(), r.copy()))
+        ok &= all(e[0] == ef_out[0][0] and all(cp.array_equal(a, b) for a, b in zip(e[1:], ef_out[0][1:]))
+                  for e in ef_out)
+        ok &= bool(cp.array_equal(ef_out[0][1], ci.astype(cp.int32)))
         checks.append((n, d, ok))
         results.append(row)
         print(fmt_row_short(row), flush=True)
+
+
+def _gaussian_select_replaced(x, k, density, rounds=3):
+    """gaussian_select as it was before the fix, for the before/after figure:
+    cupy's mean / std and a cupy ReductionKernel count per correction (each a
+    reduction to one scalar, which cupy runs on ONE block)."""
+    global _COUNT_GE_OLD
+    if _COUNT_GE_OLD is None:
+        _COUNT_GE_OLD = cp.ReductionKernel(
+            "float32 x, uint32 kmin", "int64 y",
+            "((__float_as_uint(x) & 0x7fffffffu) >= kmin) ? 1 : 0",
+            "a + b", "y = a", "0", "tk_count_ge_old")
+    mu = float(cp.mean(x, dtype=np.float64))
+    sigma = float(cp.std(x, dtype=np.float64))
+    q = min(max(density, 1e-12), 1.0 - 1e-12)
+    thr = abs(mu) + sigma * statistics.NormalDist().inv_cdf(1.0 - q / 2.0)
+    best, best_err = 0.0, math.inf
+    for _ in range(rounds + 1):
+        c = int(_COUNT_GE_OLD(x, np.uint32(_cuda.threshold_key(thr))))
+        if c:
+            err = abs(math.log(c / k))
+            if err < best_err:
+                best, best_err = thr, err
+        if c < 2 * k / 3:
+            thr *= 0.5
+        elif c > 4 * k / 3:
+            thr *= 1.5
+        else:
+            break
+    idx, vals = kernels.threshold_select(x, best)
+    idx, vals = kernels.cap_selection(idx, vals, k)
+    return idx, vals, best
+
+
+_COUNT_GE_OLD = None
+
+
+def run_gaussian(log2n, densities, reps, results):
+    """Gaussiank's selection per call: the new path, its parts, and the replaced one."""
+    n = 1 << log2n
+    g = cp.random.default_rng(1000 + log2n)
+    z = g.standard_normal(n, dtype=cp.float32)
+    data = {"normal": z,
+            # Student-t(2) = Z / sqrt(E), E ~ Exp(1) = -log(U), U in [0, 1): the
+            # collectives' benchmark data (U = 0 gives E = inf, x = 0: finite)
+            "t2": z / cp.sqrt(-cp.log(g.random(n, dtype=cp.float32)))}
+    assert all(bool(cp.isfinite(x).all()) for x in data.values())
+    for dist, x in data.items():
+        for d in densities:
+            k = kernels.k_from_density(n, d)
+            row = {"n": n, "log2n": log2n, "dist": dist, "density": d, "k": k}
+            new = kernels.gaussian_select(x, k, d)
+            old = _gaussian_select_replaced(x, k, d)
+            # the thresholds may differ in the last bits (float64 sums in another order)
+            row["same_result"] = bool(cp.array_equal(new[0], old[0])) and \
+                bool(cp.array_equal(new[1], old[1]))
+            row["thr_rel_diff"] = abs(new[2] - old[2]) / max(abs(old[2]), 1e-300)
+            row["selected"] = int(new[0].size)
+            row["new"] = bench(lambda b: kernels.gaussian_select(x, k, d), reps, 1)[0]
+            row["new_mean_std"] = bench(lambda b: _cuda.mean_std(x), reps, 1)[0]
+            keys = list(range(0x3F000000, 0x3F000000 + 10 * 0x100000, 0x100000))
+            row["new_count10"] = bench(lambda b: _cuda.count_at_least_many(x, keys), reps, 1)[0]
+            row["new_thr_select"] = bench(lambda b: kernels.threshold_select(x, new[2]), reps, 1)[0]
+            r_old = max(2, min(reps, 3))
+            row["old"] = bench(lambda b: _gaussian_select_replaced(x, k, d), r_old, 1, warmup=1)[0]
+            row["old_mean_std"] = bench(
+                lambda b: (float(cp.mean(x, dtype=np.float64)), float(cp.std(x, dtype=np.float64))),
+                r_old, 1, warmup=1)[0]
+            row["old_count1"] = bench(lambda b: int(_COUNT_GE_OLD(x, np.uint32(keys[0]))),
+                                      r_old, 1, warmup=1)[0]
+            results.append(row)
+            print(row, flush=True)
 
 
 def run_sparse(log2n, reps, results):
@@ -285,24 +398,21 @@ def gbps(nbytes, ms):
     return nbytes / (ms * 1e-3) / 1e9
 
 
+def _f(r, key, fmt="{:.4f}"):
+    return fmt.format(r[key]) if key in r else "-"
+
+
 def fmt_row_short(r):
-    efk = "/".join(f"{r['ef_k_' + nm]:.4f}" for nm in ("sel_ef4", "sel_ef8", "sel_efr4", "sel_efr8"))
+    v = "/".join(_f(r, f"thr_k_{x}") for x in _cuda.VARIANTS)
+    e = "/".join(_f(r, f"ef_k_{x}") for x in EF_KERNELS)
+    e += " (again efr4/efs4 " + "/".join(_f(r, f"ef_k_again_{x}") for x in ("sel_efr4", "sel_efs4")) + ")"
+    tk = "/".join(_f(r, f"topk_{x}") for x in _cuda.VARIANTS)
     return (f"n=2^{r['log2n']} d={r['density']}: read {r['read']:.4f} copy {r['copy']:.4f} "
-            f"hist1 {r['hist1']:.4f} | thr kernel {r['thr_k4']:.4f}/{r['thr_k8']:.4f} "
-            f"call {r['thr_call4']:.4f}/{r['thr_call8']:.4f} | ef kernel ef4/ef8/efr4/efr8 {efk} "
-            f"call {r['ef_call']:.4f} | topk {r['topk4']:.4f}/{r['topk8']:.4f} "
-            f"kth {r['kth']:.4f} torch {r.get('torch', float('nan')):.4f} "
-            f"cupy {r['cupy_topk']:.3f}/{r['cupy_argp']:.3f} | thr torch {r.get('torch_thr', float('nan')):.4f} "
-            f"cupy {r['cupy_thr']:.4f} ms")
+            f"| thr kernel {'/'.join(_cuda.VARIANTS)} {v} (again {_f(r, 'thr_k_again')}) "
+            f"| ef kernel {'/'.join(EF_KERNELS)} {e} | topk {tk} ms")
 
 
-def dflt(r, name):
-    """The figure of the default tile shape (SELECT_J) and the other one's."""
-    j = r["select_j"]
-    return r[f"{name}{j}"], r[f"{name}{12 - j}"]
-
-
-def markdown(info, results, sparse, checks):
+def markdown(info, results, sparse, checks, gauss):
     L = []
     L.append(f"Date (UTC): {info['date_utc']}; card: {info['device']} ({info['sms']} SMs); "
              f"nvidia-smi: {info['nvidia_smi']}")
@@ -311,49 +421,67 @@ def markdown(info, results, sparse, checks):
              f"Python {info['python']}")
     L.append(f"Command: `{info['command']}`")
     L.append("")
-    r0 = results[0] if results else {"select_j": "?", "ef_kernel": "?"}
-    L.append("Threshold selection against the memory floor. ms are medians; 'kernel' = GPU "
-             "time from CUDA-graph replays, 'call' = the Python call as a caller sees it "
-             "(launch gaps and the count read-back included); x read = time / one read of "
-             "the input (the read-only kernel); GB/s = fewest bytes / kernel time "
-             f"(thr 4n + 8c, EF 12n + 8c). Defaults: J = {r0['select_j']} float4 per lane "
-             f"(tiles of {1024 * r0['select_j']}), EF kernel {r0['ef_kernel']}; "
-             "the other variants' kernel times follow.")
-    L.append("")
-    L.append("| n | density | selected c | read ms (GB/s) | copy ms (GB/s) | thr kernel ms "
-             "| thr kernel x read | thr GB/s | thr call ms | thr call x read | other J kernel ms "
-             "| EF kernel ms | EF GB/s | EF call ms | EF ef4/ef8/efr4/efr8 kernel ms |")
-    L.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for r in results:
-        n = r["n"]
-        tk, tk_other = dflt(r, "thr_k")
-        tc, _ = dflt(r, "thr_call")
-        ek = r["ef_k_" + r["ef_kernel"]]
-        efs = " / ".join(f"{r['ef_k_' + nm]:.4f}" for nm in ("sel_ef4", "sel_ef8", "sel_efr4", "sel_efr8"))
-        L.append(
-            f"| 2^{r['log2n']} | {r['density']:g} | {r['count']} "
-            f"| {r['read']:.4f} ({gbps(4 * n, r['read']):.0f}) | {r['copy']:.4f} ({gbps(8 * n, r['copy']):.0f}) "
-            f"| {tk:.4f} | {tk / r['read']:.2f} | {gbps(4 * n + 8 * r['count'], tk):.0f} "
-            f"| {tc:.4f} | {tc / r['read']:.2f} | {tk_other:.4f} "
-            f"| {ek:.4f} | {gbps(12 * n + 8 * r['count'], ek):.0f} | {r['ef_call']:.4f} | {efs} |")
-    L.append("")
-    L.append("Exact top-k (ms per call, median) against torch.topk and cupy's routes "
-             "(threshold routes per call for reference). topk = 2 full reads (pass-1 "
-             "histogram; ordered compaction of the candidate bins) + small passes.")
-    L.append("")
-    L.append("| n | density | k | topk ms | topk x read | other J ms | pass-1 hist kernel ms "
-             "| radix only ms | torch.topk ms | torch / ours | cupy generic ms "
-             "| cupy argpartition ms | thr call ms | torch thr+nonzero ms | cupy thr+flatnonzero ms |")
-    L.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for r in results:
-        tk, tk_other = dflt(r, "topk")
-        t = r.get("torch", float("nan"))
-        tc, _ = dflt(r, "thr_call")
-        L.append(
-            f"| 2^{r['log2n']} | {r['density']:g} | {r['k']} | {tk:.4f} "
-            f"| {tk / r['read']:.2f} | {tk_other:.4f} | {r['hist1']:.4f} | {r['kth']:.4f} "
-            f"| {t:.4f} | {t / tk:.1f} | {r['cupy_topk']:.3f} | {r['cupy_argp']:.3f} "
-            f"| {tc:.4f} | {r.get('torch_thr', float('nan')):.4f} | {r['cupy_thr']:.4f} |")
+    V = _cuda.VARIANTS
+    sel = [r for r in results if "thr_k_8" in r]
+    if sel:
+        r0 = sel[0]
+        L.append("Threshold selection against the memory floor, every variant in one run. "
+                 "ms are medians of CUDA-graph replays (GPU time per launch); x read = time / "
+                 "one read of the input (the read-only kernel); variants: 4 / 8 float4 per "
+                 "lane (tiles of 4096 / 8192), direct writes after the look-back; s4 / s8 the "
+                 "same tiles, selected entries staged in shared memory and copied out in "
+                 f"order. Defaults in this run: {r0['select_variant']}, EF {r0['ef_kernel']}; "
+                 "'again' = the default's kernel timed a second time (the spread). EF GB/s = "
+                 "(12n + 8c) / time.")
+        L.append("")
+        L.append("| n | density | selected c | read ms | " + " | ".join(
+            f"thr {v} ms (x read)" for v in V) + " | again | " + " | ".join(
+            f"call {v} ms" for v in V) + " | " + " | ".join(
+            f"EF {e[4:]} ms (GB/s)" for e in EF_KERNELS) + " | again efr4 / efs4 |")
+        L.append("|---" * (4 + 2 * len(V) + 1 + len(EF_KERNELS) + 1) + "|")
+        for r in sel:
+            n = r["n"]
+            L.append(
+                f"| 2^{r['log2n']} | {r['density']:g} | {r['count']} | {r['read']:.4f} | "
+                + " | ".join(f"{r[f'thr_k_{v}']:.4f} ({r[f'thr_k_{v}'] / r['read']:.2f})" for v in V)
+                + f" | {r['thr_k_again']:.4f} | "
+                + " | ".join(f"{r[f'thr_call_{v}']:.4f}" for v in V) + " | "
+                + " | ".join(f"{r[f'ef_k_{e}']:.4f} ({gbps(12 * n + 8 * r['count'], r[f'ef_k_{e}']):.0f})"
+                             for e in EF_KERNELS)
+                + f" | {_f(r, 'ef_k_again_sel_efr4')} / {_f(r, 'ef_k_again_sel_efs4')} |")
+    tk = [r for r in results if "topk_8" in r]
+    if tk:
+        L.append("")
+        L.append("Exact top-k (ms per call, median) per select variant; with routes: "
+                 "torch.topk and cupy's routes.")
+        L.append("")
+        L.append("| n | density | k | " + " | ".join(f"topk {v} ms" for v in V)
+                 + " | pass-1 hist kernel ms | radix only ms | torch.topk ms | cupy generic ms "
+                 "| cupy argpartition ms | torch thr+nonzero ms | cupy thr+flatnonzero ms |")
+        L.append("|---" * (3 + len(V) + 7) + "|")
+        for r in tk:
+            L.append(f"| 2^{r['log2n']} | {r['density']:g} | {r['k']} | "
+                     + " | ".join(f"{r[f'topk_{v}']:.4f}" for v in V)
+                     + f" | {_f(r, 'hist1')} | {_f(r, 'kth')} | {_f(r, 'torch')} "
+                     f"| {_f(r, 'cupy_topk', '{:.3f}')} | {_f(r, 'cupy_argp', '{:.3f}')} "
+                     f"| {_f(r, 'torch_thr')} | {_f(r, 'cupy_thr')} |")
+    if gauss:
+        L.append("")
+        L.append("Gaussiank's selection, `kernels.gaussian_select` per call (ms, median): new = "
+                 "float64 mean/std by `gs_partial` (2 reads) + one `gs_count16` pass for every "
+                 "threshold the corrections can reach + threshold_select + cap; old = the "
+                 "replaced code (cupy mean/std, one cupy ReductionKernel count per correction). "
+                 "same = identical indices, values and threshold.")
+        L.append("")
+        L.append("| n | data | density | selected | new ms | mean+std ms | count x10 ms "
+                 "| threshold_select ms | old ms | old mean+std ms | old one count ms | old / new "
+                 "| same |")
+        L.append("|---" * 13 + "|")
+        for r in gauss:
+            L.append(f"| 2^{r['log2n']} | {r['dist']} | {r['density']:g} | {r['selected']} "
+                     f"| {r['new']:.3f} | {r['new_mean_std']:.3f} | {r['new_count10']:.3f} "
+                     f"| {r['new_thr_select']:.3f} | {r['old']:.1f} | {r['old_mean_std']:.1f} "
+                     f"| {r['old_count1']:.1f} | {r['old'] / r['new']:.0f} | {r['same_result']} |")
     if sparse:
         L.append("")
         L.append("Sparse arithmetic (ms per call, median): coo_sum of P = 8 sorted sets of "
@@ -371,8 +499,9 @@ def markdown(info, results, sparse, checks):
                      f"| {r['cupyx_scatter_add']:.3f} |")
     bad = [c for c in checks if not c[2]]
     L.append("")
-    L.append(f"Cross-checks (ours == cupy generic route == sorted torch.topk indices where "
-             f"n <= 2^26; threshold == cupy): {len(checks) - len(bad)}/{len(checks)} agree"
+    L.append(f"Cross-checks (every variant's threshold and top-k == cupy's generic routes; "
+             f"every EF kernel the same output and residual; torch.topk indices where "
+             f"n <= 2^26 with routes): {len(checks) - len(bad)}/{len(checks)} agree"
              + (f"; DISAGREE: {bad}" if bad else ""))
     return "\n".join(L)
 
@@ -380,7 +509,9 @@ def markdown(info, results, sparse, checks):
 def smoke():
     """Small sizes, every kernel once, checked against numpy (for compute-sanitizer)."""
     rng = np.random.default_rng(int(time.time()))
-    for n in (1, 5, 4097, 70_001):
+    for n, (variant, ef) in itertools.product(
+            (1, 5, 4097, 70_001), zip(_cuda.VARIANTS + ("s8", "s4"), EF_KERNELS)):
+        _cuda.SELECT_VARIANT, _cuda.EF_KERNEL = variant, ef
         x = rng.standard_normal(n).astype(np.float32)
         x[::7] = 1.0
         xg = cp.asarray(x)
@@ -403,8 +534,13 @@ def smoke():
         kernels.scatter_add(dg, cp.asarray(i), cp.asarray(v))
         kernels.scatter_add(d, i, v)
         assert np.array_equal(dg.get(), d)
+        mu, sd = _cuda.mean_std(xg)
+        assert abs(sd - float(np.std(x, dtype=np.float64))) <= 1e-9 * sd
+        k = max(1, n // 100)
+        a, b = kernels.gaussian_select(xg, k, 0.01), kernels.gaussian_select(x, k, 0.01)
+        assert np.array_equal(a[0].get(), b[0]) and math.isclose(a[2], b[2], rel_tol=1e-12)
     cp.cuda.runtime.deviceSynchronize()
-    print("smoke: all kernels agree with numpy")
+    print("smoke: all kernels (every variant) agree with numpy")
 
 
 def main(argv=None):
@@ -412,12 +548,21 @@ def main(argv=None):
     ap.add_argument("--log2n", default="20,22,24,25,26,27,28")
     ap.add_argument("--density", default="0.001,0.01")
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--parts", default="select,topk,routes,sparse,gaussian",
+                    help="comma list of select, topk, routes, sparse, gaussian")
     ap.add_argument("--sparse-log2n", default="24,26")
-    ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--gaussian-log2n", default="24,27")
+    ap.add_argument("--no-torch", action="store_true", help="same as leaving 'routes' out")
     ap.add_argument("--md", help="write the markdown tables here")
     ap.add_argument("--json", help="write raw results here")
     ap.add_argument("--smoke", action="store_true", help="small correctness run only")
     args = ap.parse_args(argv)
+    parts = set(args.parts.split(","))
+    unknown = parts - {"select", "topk", "routes", "sparse", "gaussian"}
+    if unknown:
+        ap.error(f"unknown parts {sorted(unknown)}")
+    if args.no_torch:
+        parts.discard("routes")
     _cuda.warm_up()
     if args.smoke:
         smoke()
@@ -425,20 +570,28 @@ def main(argv=None):
     info = env_info()
     print(json.dumps(info, indent=1), flush=True)
     densities = [float(d) for d in args.density.split(",")]
-    results, sparse, checks = [], [], []
-    for log2n in [int(v) for v in args.log2n.split(",")]:
-        run_size(log2n, densities, args.reps, not args.no_torch, results, checks)
-        cp.get_default_memory_pool().free_all_blocks()
-    for log2n in [int(v) for v in args.sparse_log2n.split(",") if v]:
-        run_sparse(log2n, args.reps, sparse)
-    md = markdown(info, results, sparse, checks)
+    results, sparse, checks, gauss = [], [], [], []
+    if parts & {"select", "topk", "routes"}:
+        for log2n in [int(v) for v in args.log2n.split(",")]:
+            run_size(log2n, densities, args.reps, parts, results, checks)
+            cp.get_default_memory_pool().free_all_blocks()
+    if "gaussian" in parts:
+        for log2n in [int(v) for v in args.gaussian_log2n.split(",") if v]:
+            run_gaussian(log2n, densities, args.reps, gauss)
+            cp.get_default_memory_pool().free_all_blocks()
+    if "sparse" in parts:
+        for log2n in [int(v) for v in args.sparse_log2n.split(",") if v]:
+            run_sparse(log2n, args.reps, sparse)
+    md = markdown(info, results, sparse, checks, gauss)
     print(md)
     if args.md:
         Path(args.md).write_text(md + "\n")
     if args.json:
         Path(args.json).write_text(json.dumps({"info": info, "selection": results,
-                                               "sparse": sparse, "checks": checks}, indent=1))
-    return 0 if all(c[2] for c in checks) else 1
+                                               "sparse": sparse, "gaussian": gauss,
+                                               "checks": checks}, indent=1))
+    ok = all(c[2] for c in checks) and all(g["same_result"] for g in gauss)
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
