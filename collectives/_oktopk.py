@@ -19,7 +19,7 @@ __all__ = ["OkTopk"]
 
 _CTRL = 8          # bytes of one int64 count
 _RADIX_BITS = 4    # bits resolved per round of the global k-th magnitude search
-_REDUCE_CAP = 5 / 4  # reduce-step quota Q, in units of the fair share k(P-1)/P
+_REDUCE_CAP = 5 / 4  # largest reduce-step quota Q, in units of the fair share k(P-1)/P
 _TAG_REDUCE = 40
 _TAG_BALANCE = 50
 
@@ -244,10 +244,11 @@ class OkTopk(SparseAllreduce):
       3. Split and reduce: region j's values go to rank j with rotating
          partners (step i: send to rank+i, receive from rank-i), ``window``
          partners in flight.  Counts first (one alltoall); a rank sends at
-         most Q = 5/4 k(P-1)/P entries (its largest) and an owner accepts at
-         most Q (it apportions quotas, returned by a second alltoall), so a
-         region that draws everyone's values (stale boundaries) cannot
-         overload its owner.  Values not sent stay in the residual.
+         most Q = ``reduce_cap`` k(P-1)/P entries (its largest; default the
+         fair share itself) and an owner accepts at most Q (it apportions
+         quotas, returned by a second alltoall), so a region that draws
+         everyone's values (stale boundaries) cannot overload its owner.
+         Values not sent stay in the residual.
       4. Global selection: ``|sum| >= global_threshold`` on each owner's
          region.  At refresh calls the threshold is the exact k-th largest
          |sum| over all regions, found by a distributed radix select (8
@@ -289,9 +290,17 @@ class OkTopk(SparseAllreduce):
       * ``local_cap``: above 1 sends more than the local top-k when the
         threshold lets it through (more of each sum reaches its owner); the
         traffic bound holds either way, the reduce step then runs at its
-        quota Q = 5/4 k(P-1)/P instead of k(P-1)/P.
+        quota Q (see ``reduce_cap``).
       * ``window``: messages in flight in the reduce step (4 as the reference);
         raise on networks with many independent links.
+      * ``reduce_cap`` (1 to 5/4, default 1): the reduce step's quota Q in
+        units of the fair share k(P-1)/P.  1 holds every rank's reduce
+        traffic to the fair share even when boundaries are stale (the
+        overflow, ~2% of the values, waits in the residuals for a later
+        call); measured on the traffic/quality studies it cut the steady
+        traffic by 0.02-0.03x the lower bound at P = 4..16 and changed the
+        captured top-k norm by 0.001 (docs/BENCHMARKS.md).  5/4 is the
+        previous behaviour.
 
     Example::
 
@@ -304,7 +313,7 @@ class OkTopk(SparseAllreduce):
     def __init__(self, comm, *, tau: int = 64, tau_prime: int = 32,
                  bands: tuple[float, float] = (2 / 3, 5 / 4), scale: float = 1.012,
                  gain: float = 0.1, local_cap: float = 1.0, rebalance: float = 1.05,
-                 window: int = 4, **kw):
+                 window: int = 4, reduce_cap: float = 1.0, **kw):
         lo, hi = bands
         if not (0 < lo <= 1 <= hi):
             raise ValueError(f"bands must satisfy 0 < lo <= 1 <= hi, got {bands!r}")
@@ -318,6 +327,8 @@ class OkTopk(SparseAllreduce):
             raise ValueError(f"rebalance must be > 1 (use math.inf to disable), got {rebalance!r}")
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window!r}")
+        if not (1.0 <= reduce_cap <= _REDUCE_CAP):
+            raise ValueError(f"reduce_cap must be in [1, {_REDUCE_CAP}], got {reduce_cap!r}")
         super().__init__(comm, tau=tau, tau_prime=tau_prime, **kw)
         self.bands = (float(lo), float(hi))
         self.scale = float(scale)
@@ -326,6 +337,7 @@ class OkTopk(SparseAllreduce):
         self.rebalance = float(rebalance)
         self._stale: dict[int, bool] = {}   # id(state) -> boundaries out of balance
         self.window = int(window)
+        self.reduce_cap = float(reduce_cap)
         self.last_stats: dict = {}
 
     # -- the exchange --------------------------------------------------------
@@ -333,7 +345,7 @@ class OkTopk(SparseAllreduce):
         comm, P, rank = self.comm, self.comm.size, self.comm.rank
         xp = kernels.array_module(acc)
         n, k = acc.size, st.k
-        Q, B = _budgets(P, k)
+        Q, B = _budgets(P, k, self.reduce_cap)
         refresh = st.iteration % st.tau_prime == 0 or st.local_threshold is None
         stats = {"iteration": st.iteration, "refresh": refresh, "Q": Q, "B": B}
 
@@ -517,7 +529,7 @@ class OkTopk(SparseAllreduce):
         """Bytes one rank sends (and, separately, receives) per call, at most.
 
         B entries of (value, index) with B = max(floor(3k(P-1)/P), Q + P),
-        Q = max(1, floor(5/4 k(P-1)/P)) (the reduce quota), i.e.
+        Q = max(1, floor(5/4 k(P-1)/P)) (the largest reduce quota), i.e.
         6k(P-1)/P words whenever k is at least about P, plus control:
         boundaries (16(P-1)), two count alltoalls (16(P-1)), the counts
         allgather (24(P-1)) and the radix search for the global threshold.

@@ -46,8 +46,12 @@ DEFAULT_CONFIGS = ("topka,topkdsa,gtopk,gaussiank,topka2a,"
 
 
 def _parse(cfg: str):
-    name, _, tp = cfg.partition(":")
-    return name, (int(tp) if tp else None)
+    """``algorithm[:tau_prime][@key=value+...]`` -> (name, tau_prime, keywords)."""
+    from .traffic import parse_spec
+
+    head, kw = parse_spec(cfg)
+    name, _, tp = head.partition(":")
+    return name, (int(tp) if tp else None), kw
 
 
 def run(comm, *, n: int, density: float, iters: int, warmup: int, configs, seed: int = 0,
@@ -63,8 +67,9 @@ def run(comm, *, n: int, density: float, iters: int, warmup: int, configs, seed:
     k = kernels.k_from_density(n, density)
     rows = []
     for cfg in configs:
-        name, tau_prime = _parse(cfg)
-        kw = {"tau_prime": tau_prime} if tau_prime else {}
+        name, tau_prime, kw = _parse(cfg)
+        if tau_prime:
+            kw["tau_prime"] = tau_prime
         algo = ALGORITHMS[name](comm, check_finite=False, **kw)
         stream = gradient_stream(n, comm.rank, seed=seed, df=df)
         cap, err, nnz, lbytes, held, repeat = [], [], [], [], [], []
@@ -190,7 +195,7 @@ def main(argv=None) -> int:
     ap.add_argument("--iters", type=int, default=200)
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--configs", default=DEFAULT_CONFIGS,
-                    help="comma-separated algorithm[:tau_prime] entries")
+                    help="comma-separated algorithm[:tau_prime][@key=value+...] entries")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--df", type=float, default=3.0,
                     help="Student-t degrees of freedom of signal and noise")

@@ -114,7 +114,10 @@ def case_boundaries(rng):
 def case_exact(rng):
     comm = MPICommunicator(WORLD)
     for n, density in ((1 << 15, 0.01), (5000, 0.05)):
-        algo = OkTopk(comm, tau=1, tau_prime=1)
+        # exact only while no reduce quota binds: the largest quota (5/4 of the
+        # fair share) never binds on this data; the default (1) sometimes does
+        # and then delays a few values in the residuals (case_reduce_cap)
+        algo = OkTopk(comm, tau=1, tau_prime=1, reduce_cap=5 / 4)
         k = kernels.k_from_density(n, density)
         for it in range(6):
             x = rng.standard_normal(n).astype(np.float32)
@@ -132,6 +135,32 @@ def case_exact(rng):
                   f"local top-k ({np.setdiff1d(want, got).size} missing)")
             check(np.allclose(out[want], U[want], rtol=1e-5, atol=1e-6),
                   f"exact n={n} it {it}: values are not the sums of the local top-k values")
+
+
+def case_reduce_cap(rng):
+    """Default quota: no rank sends or receives more than the fair share
+    floor(k(P-1)/P) entries in the reduce step, on skewed data too, and what
+    the quota holds back stays in the residuals (conservation)."""
+    comm = MPICommunicator(WORLD)
+    n, density = 20000, 0.02
+    algo = OkTopk(comm, tau=64, tau_prime=4)
+    k = kernels.k_from_density(n, density)
+    share = max(1, (k * (P - 1)) // P)
+    total_in = np.zeros(n)
+    total_out = np.zeros(n)
+    for it in range(10):
+        x = rng.standard_t(2, n).astype(np.float32)
+        x[: n // 8] *= 1 + it      # drifting hot region: boundaries go stale
+        total_in += sum64(x.astype(np.float64))
+        out = algo(x, name="t", density=density)
+        total_out += out
+        stats = algo.last_stats
+        check(max(stats["reduce_sent"]) <= share and max(stats["reduce_recv"]) <= share,
+              f"call {it}: reduce step above the fair share {share}: "
+              f"sent {stats['reduce_sent']} recv {stats['reduce_recv']}")
+    res = sum64(algo.states["t"].residual.astype(np.float64))
+    check(np.allclose(total_out + res, total_in, rtol=1e-4, atol=1e-3),
+          "outputs + residuals != inputs with the default reduce quota")
 
 
 def case_refresh(rng):
@@ -222,11 +251,11 @@ def case_stale(rng):
     owner_max = _run_bounded(algo, xs, 8, density, n, "stale")
     if P > 1:
         # the jump sends everyone's values to the last region's owner: the quota must bite
-        Q = _budgets(P, kernels.k_from_density(n, density))[0]
+        Q = _budgets(P, kernels.k_from_density(n, density), algo.reduce_cap)[0]
         check(max(owner_max[1:]) == Q, f"quota never reached (Q={Q}): {owner_max}")
 
 
-CASES = {"global-kth": case_global_kth, "boundaries": case_boundaries, "exact": case_exact,
+CASES = {"global-kth": case_global_kth, "boundaries": case_boundaries, "exact": case_exact, "reduce-cap": case_reduce_cap,
          "refresh": case_refresh,
          "hot": case_hot, "stale": case_stale}
 
