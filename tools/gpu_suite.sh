@@ -76,5 +76,13 @@ scaling)
     --out "$OUT/scaling_slow.json" | grep -v "^  P="
   [ "${PIPESTATUS[0]}" = 3 ] && echo "scaling: slow network SKIPPED (see the reason above)"
   ;;
+benchbase)
+  # pytest-benchmark baseline of this machine kind (host, mpi and nccl suites at P=$NP),
+  # written into the tree and copied to $OUT; compare later with the same --machine/--np
+  M=${BENCH_MACHINE:-gpu-h200}
+  step "benchmark baseline $M, P=$NP"
+  $PY -m tests.benchmarks --machine "$M" --np "$NP" --save -- --color=no
+  mkdir -p "$OUT/baselines" && cp -r "tests/benchmarks/baselines/$M" "$OUT/baselines/"
+  ;;
 esac; done
 step "done"

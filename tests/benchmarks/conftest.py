@@ -35,7 +35,7 @@ import pytest
 from autotune._mpirun import under_mpi
 
 # Timed rounds per group (median of these is what the compare checks).
-ROUNDS = {"kernel": 30, "allreduce": 30, "selector": 200, "train": 3}
+ROUNDS = {"kernel": 50, "allreduce": 50, "selector": 200, "train": 3}
 WARMUP = {"kernel": 2, "allreduce": 3, "selector": 10, "train": 1}
 
 
