@@ -3,7 +3,8 @@
 # lent GPU machine has system Open MPI, cupy with NCCL, torch).  Run from the
 # repository root:  NP=2 OUT=/tmp/out STAGES="conf bench profile" tools/gpu_suite.sh
 # Writes JSON results under $OUT (bench_*.json, profile_*.json, scaling_*.json) and logs to
-# stdout.  STAGES="scaling" runs the CPU-rank scaling study alone (no GPU needed).
+# stdout.  STAGES="profile train" profiles NVLink and sockets through NCCL, then trains
+# the digits CNN over NCCL (train_digits_nccl_P*.json).  STAGES="scaling" runs the CPU-rank scaling study alone (no GPU needed).
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
@@ -55,6 +56,17 @@ profile)
     "${MPI[@]}" "${extra[@]}" $PY -m autotune.cli profile --device gpu --backend nccl \
       ${PROFILE_PLAN:---quick} --quiet --network "$net" --out "$OUT/profile_gpu_${net}_P${NP}.json"
   done
+  ;;
+train)
+  # the digits CNN trained over NCCL, one GPU per rank (examples/digits_cnn.py); `auto`
+  # decides from the NVLink profile when the profile stage ran first in this $OUT
+  prof="$OUT/profile_gpu_nvlink_P${NP}.json"; penv=()
+  [ -f "$prof" ] && penv=(-x AUTOTUNE_PROFILE="$prof")
+  step "train digits_cnn over NCCL, P=$NP (profile for auto: ${penv[*]:-none})"
+  "${MPI[@]}" "${penv[@]}" $PY examples/digits_cnn.py --device cuda --backend nccl \
+    --algorithm ${TRAIN_ALGOS:-dense,oktopk,gtopk,topka,auto} --density ${TRAIN_DENSITY:-0.01,0.001} \
+    --seed ${TRAIN_SEEDS:-0,1,2} --quiet --out "$OUT/train_digits_nccl_P${NP}.json"
+  $PY examples/plot_curves.py "$OUT/train_digits_nccl_P${NP}.json" --out-dir "$OUT" --tta
   ;;
 scaling)
   # CPU ranks only (no GPU used): weak scaling P=2..32 of every MPI algorithm, each network
