@@ -27,14 +27,14 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
-import traceback
 
 import numpy as np
 import pytest
 
 from autotune._mpirun import under_mpi
 
-# Timed rounds per group (median of these is what the compare checks).
+# Timed rounds per group; the compare checks their min (host suite) or median
+# (collective suites), see python -m tests.benchmarks --help.
 ROUNDS = {"kernel": 50, "allreduce": 50, "selector": 200, "train": 3}
 WARMUP = {"kernel": 2, "allreduce": 3, "selector": 10, "train": 1}
 
@@ -130,7 +130,7 @@ def pytest_runtest_call(item):
 
     sys.stderr.write(f"[rank {RANK}] {item.nodeid} failed; aborting the MPI job so that "
                      "no rank waits in a collective:\n"
-                     + "".join(traceback.format_exception(*exc)))
+                     + str(item.repr_failure(pytest.ExceptionInfo.from_exc_info(exc))) + "\n")
     sys.stderr.flush()
     MPI.COMM_WORLD.Abort(1)
 
