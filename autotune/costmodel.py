@@ -21,6 +21,9 @@ import math
 from dataclasses import dataclass, field
 
 ITEM = 4  # bytes of a float32 value or an int32 index
+# Every sparse algorithm also streams the dense vector: the error-feedback sum
+# acc = residual + x (2 reads, 1 write) and the dense output it returns (1 write).
+_EF_STREAMS = 4
 
 
 @dataclass(frozen=True)
@@ -128,6 +131,12 @@ class Machine:
         a, b = self.bcast.at(m)
         return _lg(P) * (a + b * m)
 
+    def dense_passes(self, n: float, streams: int = _EF_STREAMS) -> float:
+        """Elementwise work over n elements: ``streams`` full reads or writes,
+        each costed at the threshold scan's per-element rate (one read and a
+        compare: the profile's cheapest measured streaming kernel)."""
+        return streams * self.threshold.c1 * max(n, 0.0)
+
 
 def _lg(P: int) -> int:
     return math.ceil(math.log2(P)) if P > 1 else 0
@@ -162,20 +171,22 @@ def _mpi(M, n, P, d, tp):
 
 def _topka(M, n, P, d, tp):
     k = _k(n, d)
-    return M.topk(n) + M.t_allgather(2 * k * ITEM, P) + M.reduce(k * P)
+    return M.dense_passes(n) + M.topk(n) + M.t_allgather(2 * k * ITEM, P) + M.reduce(k * P)
 
 
 def _gaussiank(M, n, P, d, tp):
     k = _k(n, d)
     # mean/std + up to a few counting passes + the final selection
-    return 4 * M.threshold(n) + M.t_allgather(2 * k * ITEM, P) + M.reduce(k * P)
+    return (M.dense_passes(n) + 4 * M.threshold(n) + M.t_allgather(2 * k * ITEM, P)
+            + M.reduce(k * P))
 
 
 def _gtopk(M, n, P, d, tp):
     k = _k(n, d)
     lg = _lg(P)
     merge = M.reduce(2 * k) + M.topk(2 * k)
-    return M.topk(n) + lg * (M.t_p2p(2 * k * ITEM) + merge) + M.t_bcast(2 * k * ITEM, P) + M.reduce(k)
+    return (M.dense_passes(n) + M.topk(n) + lg * (M.t_p2p(2 * k * ITEM) + merge)
+            + M.t_bcast(2 * k * ITEM, P) + M.reduce(k))
 
 
 def _topkdsa(M, n, P, d, tp):
@@ -183,7 +194,7 @@ def _topkdsa(M, n, P, d, tp):
     u = _union(n, k, P)
     per_peer = min(2 * k / P, n / P) * ITEM
     region = min(2 * u / P, n / P) * ITEM
-    return (M.topk(n) + M.t_alltoall(per_peer, P) + M.reduce(k)
+    return (M.dense_passes(n) + M.topk(n) + M.t_alltoall(per_peer, P) + M.reduce(k)
             + M.t_allgather(region, P) + M.reduce(u))
 
 
@@ -196,7 +207,7 @@ def _oktopk(M, n, P, d, tp, tau=64):
     gather = M.t_allgather(2 * k / P * ITEM, P) + M.reduce(k)
     refresh = (M.t_allgather(8 * P, P)) / tp  # exact global threshold every tau'
     bounds = M.t_allgather(8 * P, P) / max(1, int(tau))  # region boundaries every tau
-    return select + split_reduce + balance + gather + refresh + bounds
+    return M.dense_passes(n) + select + split_reduce + balance + gather + refresh + bounds
 
 
 def _topka2a(M, n, P, d, tp):
@@ -204,7 +215,8 @@ def _topka2a(M, n, P, d, tp):
     u = _union(n, k, P)
     per_peer = min(2 * k / P, n / P) * ITEM
     region = min(2 * u / P, n / P) * ITEM
-    return M.topk(n) + M.t_alltoall(per_peer, P) + M.reduce(k) + M.t_allgather(region, P) + M.reduce(u)
+    return (M.dense_passes(n) + M.topk(n) + M.t_alltoall(per_peer, P) + M.reduce(k)
+            + M.t_allgather(region, P) + M.reduce(u))
 
 
 TERMS = {

@@ -89,6 +89,7 @@ PLANS = {
 }
 
 _KINDS = ("select", "comm", "reduce", "control", "other")
+_GPU_COMPUTE_EXTRA = (24, 26)  # extra log2 sizes of the compute sweep on a GPU
 _BATCH_TARGET_S = 5e-3  # small messages are timed in batches of about this long
 
 
@@ -685,14 +686,23 @@ def measure_compute(comm, plan, *, device: str, xp, sync, progress, density: flo
     if comm.rank == 0:
         rng = np.random.default_rng(1)
         rep = plan["compute_repeat"]
-        for e in plan["compute_log2n"]:
+        sizes = list(plan["compute_log2n"])
+        if device == "gpu":
+            # per-element costs on a GPU only show above a few million elements (below,
+            # launch and synchronisation dominate): extend the sweep so the slope is
+            # measured where the collectives run, not extrapolated from 2^20
+            sizes += [e for e in _GPU_COMPUTE_EXTRA if e > max(sizes)]
+        for e in sizes:
             n = 1 << e
             x = xp.asarray(gradient_like(n, rng))
             k = kernels.k_from_density(n, density)
             thr = kernels.kth_magnitude(x, k)
             parts = 4  # a reduction merges several ranks' COO sets
-            idx = [xp.asarray(np.sort(rng.choice(4 * n, n // parts, replace=False))
-                              .astype(np.int32)) for _ in range(parts)]
+            m = n // parts
+            # sorted, distinct indices spread over [0, 4n): one random slot per stride of 4*parts
+            idx = [xp.asarray((np.arange(m, dtype=np.int64) * (4 * parts)
+                               + rng.integers(0, 4 * parts, m)).astype(np.int32))
+                   for _ in range(parts)]
             val = [xp.asarray(rng.standard_normal(n // parts).astype(np.float32))
                    for _ in range(parts)]
             dense = xp.zeros(4 * n, dtype=np.float32)
@@ -1006,7 +1016,7 @@ def run_profile(comm, *, plan_name: str = "quick", device: str = "cpu", network:
     max_bytes = max_bytes or (1 << max(plan["log2_bytes"]))
     n_sizes = len([e for e in plan["log2_bytes"] if (1 << e) <= max_bytes])
     total = (len(PRIMITIVES) * n_sizes + count_algorithm_steps(comm.size, plan, names)
-             + 4 * len(plan["compute_log2n"]) + (0 if gradients else plan["xi_steps"]))
+             + 4 * (len(plan["compute_log2n"]) + (len(_GPU_COMPUTE_EXTRA) if device == "gpu" else 0)) + (0 if gradients else plan["xi_steps"]))
     progress = _Progress(comm, total, quiet)
     try:
         t0 = time.perf_counter()
