@@ -159,9 +159,11 @@ def _dense(M, n, P, d, tp):
     lg = _lg(p2)
     # recursive halving then doubling: step s moves n/2^s elements each way
     t = 2 * sum(M.t_p2p(n * ITEM / (1 << s)) for s in range(1, lg + 1))
-    t += M.reduce(n * (p2 - 1) / p2)  # elementwise sums of the reduce-scatter
+    # elementwise sums of the reduce-scatter: a + b -> a, 3 streams per element
+    # (not M.reduce, which is the sparse COO merge: sort-based, ~10x dearer per entry)
+    t += M.dense_passes(n * (p2 - 1) / p2, 3)
     if P != p2:
-        t += 2 * M.t_p2p(n * ITEM) + M.reduce(n)
+        t += 2 * M.t_p2p(n * ITEM) + M.dense_passes(n, 3)
     return t
 
 
