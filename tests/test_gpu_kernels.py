@@ -46,19 +46,31 @@ def cp(request):
     _cuda.POISON = False
 
 
-#: (plain / top-k variant, EF kernel): the direct writes and the staged ones
-WRITE_PATHS = {"direct": ("8", "sel_efr4"), "staged": ("s8", "sel_efs8")}
+#: (plain / top-k variant, EF kernel): the direct writes, the staged ones, and the
+#: later variants (tiles of 16384, values kept, persistent grid, batched re-loads)
+WRITE_PATHS = {"direct": ("8", "sel_efr4"), "staged": ("s8", "sel_efs8"),
+               "j16": ("16", "sel_efr4"), "kept": ("v8", "sel_efr4"), "p8": ("p8", "sel_efr4"),
+               "pb8": ("pb8", "sel_efr4")}
+#: the later variants run on fewer sizes (test_select_tile_variants and
+#: test_persistent_grid_loops cover their tile boundaries)
+LATER_SIZES = [1, 4097, 16385, 65537, (1 << 20) + 3]
+PATH_SIZES = [(p, n) for p in ("direct", "staged") for n in SIZES] + \
+    [(p, n) for p in ("j16", "kept", "p8", "pb8") for n in LATER_SIZES]
 
 
 @pytest.fixture(params=sorted(WRITE_PATHS))
 def write_path(request, cp, monkeypatch):
-    """Run the test once over the directly-writing select kernels, once over the staged ones."""
+    """Run the test once over each write path (WRITE_PATHS)."""
+    use_path(request.param, monkeypatch)
+    return request.param
+
+
+def use_path(path, monkeypatch):
     from kernels import _cuda
 
-    variant, ef = WRITE_PATHS[request.param]
+    variant, ef = WRITE_PATHS[path]
     monkeypatch.setattr(_cuda, "SELECT_VARIANT", variant)
     monkeypatch.setattr(_cuda, "EF_KERNEL", ef)
-    return request.param
 
 
 def rng_for(*key):
@@ -123,9 +135,10 @@ def thresholds_for(x, rng):
 
 # ---- selection --------------------------------------------------------------
 
-@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("path,n", PATH_SIZES)
 @pytest.mark.parametrize("dist", DISTS)
-def test_threshold_select_matches_numpy(cp, write_path, dist, n):
+def test_threshold_select_matches_numpy(cp, path, dist, n, monkeypatch):
+    use_path(path, monkeypatch)
     rng = rng_for("thr", dist, n)
     x = data(dist, n, rng)
     xg = cp.asarray(x)
@@ -136,9 +149,10 @@ def test_threshold_select_matches_numpy(cp, write_path, dist, n):
         assert_same(got, kernels.threshold_select(x, t), f"threshold_select {dist} n={n} t={t!r}")
 
 
-@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("path,n", PATH_SIZES)
 @pytest.mark.parametrize("dist", DISTS)
-def test_topk_matches_numpy(cp, write_path, dist, n):
+def test_topk_matches_numpy(cp, path, dist, n, monkeypatch):
+    use_path(path, monkeypatch)
     rng = rng_for("topk", dist, n)
     x = data(dist, n, rng)
     xg = cp.asarray(x)
@@ -150,20 +164,25 @@ def test_topk_matches_numpy(cp, write_path, dist, n):
         assert kernels.kth_magnitude(xg, k) == kernels.kth_magnitude(x, k), (dist, n, k, SEED)
 
 
+#: the EF kernels of the same tile shape (16 and the persistent ones have none)
 EF_OF_VARIANT = {"4": ("sel_ef4", "sel_efr4"), "8": ("sel_ef8", "sel_efr8"),
-                 "s4": ("sel_efs4",), "s8": ("sel_efs8",)}
+                 "s4": ("sel_efs4",), "s8": ("sel_efs8",), "16": (), "v8": (), "p8": (), "p16": (),
+                 "pb8": ()}
 
 
-@pytest.mark.parametrize("variant", ["4", "8", "s4", "s8"])
+@pytest.mark.parametrize("variant", list(EF_OF_VARIANT))
 @pytest.mark.parametrize("dist", DISTS)
 def test_select_tile_variants(cp, dist, variant, monkeypatch):
-    """Every select variant: tiles of 4 or 8 float4 per lane, direct or staged writes."""
+    """Every select variant: tiles of 4, 8 or 16 float4 per lane, direct or staged
+    writes, blockIdx or persistent tiles; sizes at the variant's tile boundaries."""
     from kernels import _cuda
 
     assert set(EF_OF_VARIANT) == set(_cuda.VARIANTS)
     monkeypatch.setattr(_cuda, "SELECT_VARIANT", variant)
     j = variant
-    for n in (1, 8191, 8192, 8193, 300_007):
+    tile, _ = _cuda._sel_shape(f"sel_thr{variant}")
+    assert tile == 1024 * int(variant.lstrip("svpb"))
+    for n in sorted({1, 8191, 8192, 8193, tile - 1, tile, tile + 1, 3 * tile + 5, 300_007}):
         rng = rng_for("tiles", dist, j, n)
         x, r = data(dist, n, rng), data(dist, n, rng)
         xg = cp.asarray(x)
@@ -181,9 +200,39 @@ def test_select_tile_variants(cp, dist, variant, monkeypatch):
                 assert np.array_equal(host(rg).view(np.uint32), rh.view(np.uint32))
 
 
-@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("variant", ["p8", "p16", "pb8"])
+@pytest.mark.parametrize("blocks", [1, 2, 7])
+def test_persistent_grid_loops(cp, variant, blocks, monkeypatch):
+    """Persistent kernels on a grid of 1, 2 or 7 blocks: every block loops over many
+    tiles (and a lone block must never wait on itself); ties, the top-k tie rule
+    and the output cap, at tile-boundary sizes."""
+    from kernels import _cuda
+
+    monkeypatch.setattr(_cuda, "SELECT_VARIANT", variant)
+    monkeypatch.setattr(_cuda, "PERSISTENT_BLOCKS", blocks)
+    tile, minb = _cuda._sel_shape(f"sel_thr{variant}")
+    assert minb >= 1
+    for dist in ("gaussian", "ties", "hot", "zeros"):
+        for n in (tile - 1, 5 * tile, 5 * tile + 17, 300_007):
+            rng = rng_for("persist", variant, blocks, dist, n)
+            x = data(dist, n, rng)
+            xg = cp.asarray(x)
+            for k in sorted({1, max(1, n // 100), n // 2, n}):
+                assert_same(kernels.topk_select(xg, k), kernels.topk_select(x, k),
+                            f"topk {variant} blocks={blocks} {dist} n={n} k={k}")
+            for t in thresholds_for(x, rng)[:5]:
+                ref = kernels.threshold_select(x, t)
+                assert_same(kernels.threshold_select(xg, t), ref,
+                            f"threshold {variant} blocks={blocks} {dist} n={n} t={t!r}")
+                for cap in (1, 1000):       # past the cap: the count, then one more pass
+                    assert_same(_cuda.threshold_select(xg, t, cap=cap), ref,
+                                f"threshold {variant} blocks={blocks} cap={cap} {dist} n={n}")
+
+
+@pytest.mark.parametrize("path,n", PATH_SIZES)
 @pytest.mark.parametrize("dist", DISTS)
-def test_threshold_select_ef_matches_numpy(cp, write_path, dist, n):
+def test_threshold_select_ef_matches_numpy(cp, path, dist, n, monkeypatch):
+    use_path(path, monkeypatch)
     rng = rng_for("ef", dist, n)
     r = data(dist, n, rng)
     x = data(dist, n, rng)
@@ -240,17 +289,26 @@ def test_sampled_threshold_estimates_density(cp):
     assert 0.9 * k < c < 1.1 * k
 
 
-def test_large_selection_2_28(cp):
-    """n = 2^28 (1 GiB of float32): threshold and exact top-k at 1%."""
+def test_large_selection_2_28(cp, monkeypatch):
+    """n = 2^28 (1 GiB of float32): threshold and exact top-k at 1%, with the
+    default variant and the tile-16 and persistent ones (thousands of tiles a block)."""
+    from kernels import _cuda
+
     n = 1 << 28
     xg = cp.random.default_rng(SEED).standard_normal(n, dtype=cp.float32)
     x = xg.get()
     k = n // 100
     ref = kernels.topk_select(x, k)
-    assert_same(kernels.topk_select(xg, k), ref, "topk 2^28")
     t = float(np.abs(x[ref[0]]).min())
+    variants = list(dict.fromkeys([_cuda.SELECT_VARIANT, "16", "v8", "p8", "pb8"]))
+    for v in variants:
+        monkeypatch.setattr(_cuda, "SELECT_VARIANT", v)
+        assert_same(kernels.topk_select(xg, k), ref, f"topk 2^28 variant {v}")
     del ref
-    assert_same(kernels.threshold_select(xg, t), kernels.threshold_select(x, t), "threshold 2^28")
+    ref = kernels.threshold_select(x, t)
+    for v in variants:
+        monkeypatch.setattr(_cuda, "SELECT_VARIANT", v)
+        assert_same(kernels.threshold_select(xg, t), ref, f"threshold 2^28 variant {v}")
 
 
 def test_ef_2_26(cp):

@@ -6,10 +6,12 @@ Run from the repository root on a GPU machine:
     python3 tests/benchmarks/gpu_kernels.py [--log2n 20,22,24,25,26,27,28]
         [--density 0.001,0.01] [--reps 20] [--md FILE] [--json FILE] [--smoke]
         [--parts select,topk,routes,sparse,gaussian] [--gaussian-log2n 24,27]
+        [--variants 8,16,p8,p16] [--ef sel_efr4,sel_efs4]
 
 ``--parts`` picks what runs: select = the threshold and EF kernels of every
-variant (kernel and call figures, the default's kernel timed twice to show the
-spread); topk = exact top-k per variant and the radix select; routes = torch
+variant (kernel and call figures; every variant's kernel timed in two passes,
+one after the other, to show the spread); ``--variants`` / ``--ef`` narrow the
+select variants and EF kernels (default: all; ``--ef ''`` times none); topk = exact top-k per variant and the radix select; routes = torch
 and cupy's routes; sparse = coo_sum / scatter_add; gaussian = Gaussiank's
 selection (new path and the replaced one) on normal and Student-t(2) data.
 
@@ -22,7 +24,8 @@ call's figure includes its launch gaps).  Inputs rotate among enough copies
   copy       cupy.copyto(dst, x): 4n read + 4n written
   read       a read-only kernel over x: 4n bytes, one read of the input (the floor)
   thr        kernels.threshold_select(x, t), t = the exact k-th magnitude, every
-             select variant (_cuda.VARIANTS: 4 / 8 float4 per lane, s = staged)
+             select variant (_cuda.VARIANTS: 4 / 8 / 16 float4 per lane, s = staged,
+             p = persistent grid)
   thr_ef     kernels.threshold_select_ef(r, x, t), r zeroed before the call (untimed)
   topk       kernels.topk_select(x, k): exact, sorted indices + values
   kth        the radix select alone (kernels._cuda._radix)
@@ -163,7 +166,7 @@ def graph_time(body, nbuf, reps=20, trials=5):
 EF_KERNELS = ("sel_ef4", "sel_ef8", "sel_efr4", "sel_efr8", "sel_efs4", "sel_efs8")
 
 
-def run_size(log2n, densities, reps, parts, results, checks):
+def run_size(log2n, densities, reps, parts, results, checks, variants, ef_kernels):
     n = 1 << log2n
     nbuf = max(1, min(64, math.ceil((256 << 20) / (4 * n))))
     g = cp.random.default_rng(log2n)
@@ -204,7 +207,7 @@ def run_size(log2n, densities, reps, parts, results, checks):
         key = _cuda.threshold_key(t)
         c = int(kernels.threshold_select(xs[0], t)[0].size)
         row = dict(row0, density=d, k=k, count=c, select_variant=default_v,
-                   ef_kernel=_cuda.EF_KERNEL)
+                   ef_kernel=_cuda.EF_KERNEL, variants=list(variants), ef_kernels=list(ef_kernels))
         cap = min(n, 2 * c + 1024)
         oi, ov = cp.empty(cap, cp.int32), cp.empty(cap, cp.float32)
 
@@ -214,29 +217,32 @@ def run_size(log2n, densities, reps, parts, results, checks):
                 read_total=False), nbuf)
 
         if "select" in parts:
-            for v in _cuda.VARIANTS:
+            for v in variants:
                 row[f"thr_k_{v}"] = thr_kernel(v)
-            for name in EF_KERNELS:
+            for v in variants:                              # a second pass: the spread
+                row[f"thr_k2_{v}"] = thr_kernel(v)
+            for name in ef_kernels:
                 def ef(b, name=name):
                     zero_res(b)
                     _cuda._select(name, res[b], xs[b], None, n, key, _cuda._NOKEY, 0, None,
                                   cap, oi, ov, read_total=False)
                 row[f"ef_k_{name}"] = graph_time(ef, nbuf) - row0["memset_r"]
             row["thr_k_again"] = thr_kernel(default_v)     # the spread of one figure
-            for name in ("sel_efr4", "sel_efs4"):              # ... and of two EF figures
+            for name in [e for e in ("sel_efr4", "sel_efs4") if e in ef_kernels]:   # and EF
                 row[f"ef_k_again_{name}"] = graph_time(
                     lambda b, name=name: (zero_res(b), _cuda._select(
                         name, res[b], xs[b], None, n, key, _cuda._NOKEY, 0, None, cap, oi, ov,
                         read_total=False)), nbuf) - row0["memset_r"]
-            for v in _cuda.VARIANTS:
+            for v in variants:
                 _cuda.SELECT_VARIANT = v
                 row[f"thr_call_{v}"] = bench(lambda b: kernels.threshold_select(xs[b], t),
                                              reps, nbuf)[0]
             _cuda.SELECT_VARIANT = default_v
-            row["ef_call"] = bench(lambda b: kernels.threshold_select_ef(res[b], xs[b], t), reps,
-                                   nbuf, setup=lambda b: res[b].fill(0))[0]
+            if ef_kernels:
+                row["ef_call"] = bench(lambda b: kernels.threshold_select_ef(res[b], xs[b], t),
+                                       reps, nbuf, setup=lambda b: res[b].fill(0))[0]
         if "topk" in parts:
-            for v in _cuda.VARIANTS:
+            for v in variants:
                 _cuda.SELECT_VARIANT = v
                 row[f"topk_{v}"] = bench(lambda b: kernels.topk_select(xs[b], k), reps, nbuf)[0]
             _cuda.SELECT_VARIANT = default_v
@@ -269,7 +275,7 @@ def run_size(log2n, densities, reps, parts, results, checks):
         ok = True
         gi, _ = cupy_topk(0)
         ci, cv = cupy_thr(0)
-        for v in _cuda.VARIANTS:
+        for v in variants:
             _cuda.SELECT_VARIANT = v
             oi2, _ = kernels.topk_select(xs[0], k)
             ok &= bool(cp.array_equal(oi2, gi.astype(cp.int32)))
@@ -280,14 +286,15 @@ def run_size(log2n, densities, reps, parts, results, checks):
             ti = torch.topk(xts[0].abs(), k, sorted=False).indices
             ok &= bool(cp.array_equal(gi.astype(cp.int32), cp.sort(cp.from_dlpack(ti)).astype(cp.int32)))
         ef_out = []                 # EF: every kernel, the same output and residual
-        for name in EF_KERNELS:
+        for name in ef_kernels:
             r = res[0]
             r.fill(0)
             got = _cuda._select(name, r, xs[0], None, n, key, _cuda._NOKEY, 0, None, cap, oi, ov)
             ef_out.append((got, oi[:c].copy(), ov[:c].copy(), r.copy()))
         ok &= all(e[0] == ef_out[0][0] and all(cp.array_equal(a, b) for a, b in zip(e[1:], ef_out[0][1:]))
                   for e in ef_out)
-        ok &= bool(cp.array_equal(ef_out[0][1], ci.astype(cp.int32)))
+        if ef_out:
+            ok &= bool(cp.array_equal(ef_out[0][1], ci.astype(cp.int32)))
         checks.append((n, d, ok))
         results.append(row)
         print(fmt_row_short(row), flush=True)
@@ -403,13 +410,15 @@ def _f(r, key, fmt="{:.4f}"):
 
 
 def fmt_row_short(r):
-    v = "/".join(_f(r, f"thr_k_{x}") for x in _cuda.VARIANTS)
-    e = "/".join(_f(r, f"ef_k_{x}") for x in EF_KERNELS)
+    V, E = r["variants"], r["ef_kernels"]
+    v = "/".join(_f(r, f"thr_k_{x}") for x in V)
+    v2 = "/".join(_f(r, f"thr_k2_{x}") for x in V)
+    e = "/".join(_f(r, f"ef_k_{x}") for x in E)
     e += " (again efr4/efs4 " + "/".join(_f(r, f"ef_k_again_{x}") for x in ("sel_efr4", "sel_efs4")) + ")"
-    tk = "/".join(_f(r, f"topk_{x}") for x in _cuda.VARIANTS)
+    tk = "/".join(_f(r, f"topk_{x}") for x in V)
     return (f"n=2^{r['log2n']} d={r['density']}: read {r['read']:.4f} copy {r['copy']:.4f} "
-            f"| thr kernel {'/'.join(_cuda.VARIANTS)} {v} (again {_f(r, 'thr_k_again')}) "
-            f"| ef kernel {'/'.join(EF_KERNELS)} {e} | topk {tk} ms")
+            f"| thr kernel {'/'.join(V)} {v} (2nd pass {v2}; default again {_f(r, 'thr_k_again')}) "
+            f"| ef kernel {'/'.join(E)} {e} | topk {tk} ms")
 
 
 def markdown(info, results, sparse, checks, gauss):
@@ -421,36 +430,40 @@ def markdown(info, results, sparse, checks, gauss):
              f"Python {info['python']}")
     L.append(f"Command: `{info['command']}`")
     L.append("")
-    V = _cuda.VARIANTS
-    sel = [r for r in results if "thr_k_8" in r]
+    sel = [r for r in results if any(k.startswith("thr_k_") for k in r)]
     if sel:
         r0 = sel[0]
+        V, E = r0["variants"], r0["ef_kernels"]
         L.append("Threshold selection against the memory floor, every variant in one run. "
                  "ms are medians of CUDA-graph replays (GPU time per launch); x read = time / "
                  "one read of the input (the read-only kernel); variants: 4 / 8 float4 per "
                  "lane (tiles of 4096 / 8192), direct writes after the look-back; s4 / s8 the "
                  "same tiles, selected entries staged in shared memory and copied out in "
-                 f"order. Defaults in this run: {r0['select_variant']}, EF {r0['ef_kernel']}; "
-                 "'again' = the default's kernel timed a second time (the spread). EF GB/s = "
-                 "(12n + 8c) / time.")
+                 "order; 16: tiles of 16384, direct; p8 / p16: persistent grid, direct. "
+                 f"Defaults in this run: {r0['select_variant']}, EF {r0['ef_kernel']}; "
+                 "'2nd' = every variant timed again in a second pass after the first "
+                 "(the spread); 'again' = the default once more after the EF kernels. "
+                 "EF GB/s = (12n + 8c) / time.")
         L.append("")
         L.append("| n | density | selected c | read ms | " + " | ".join(
-            f"thr {v} ms (x read)" for v in V) + " | again | " + " | ".join(
-            f"call {v} ms" for v in V) + " | " + " | ".join(
-            f"EF {e[4:]} ms (GB/s)" for e in EF_KERNELS) + " | again efr4 / efs4 |")
-        L.append("|---" * (4 + 2 * len(V) + 1 + len(EF_KERNELS) + 1) + "|")
+            f"thr {v} ms (x read) | 2nd" for v in V) + " | again | " + " | ".join(
+            f"call {v} ms" for v in V) + "".join(
+            f" | EF {e[4:]} ms (GB/s)" for e in E) + " | again efr4 / efs4 |")
+        L.append("|---" * (4 + 3 * len(V) + 1 + len(E) + 1) + "|")
         for r in sel:
             n = r["n"]
             L.append(
                 f"| 2^{r['log2n']} | {r['density']:g} | {r['count']} | {r['read']:.4f} | "
-                + " | ".join(f"{r[f'thr_k_{v}']:.4f} ({r[f'thr_k_{v}'] / r['read']:.2f})" for v in V)
+                + " | ".join(f"{r[f'thr_k_{v}']:.4f} ({r[f'thr_k_{v}'] / r['read']:.2f}) | "
+                             f"{r[f'thr_k2_{v}']:.4f} ({r[f'thr_k2_{v}'] / r['read']:.2f})" for v in V)
                 + f" | {r['thr_k_again']:.4f} | "
-                + " | ".join(f"{r[f'thr_call_{v}']:.4f}" for v in V) + " | "
-                + " | ".join(f"{r[f'ef_k_{e}']:.4f} ({gbps(12 * n + 8 * r['count'], r[f'ef_k_{e}']):.0f})"
-                             for e in EF_KERNELS)
+                + " | ".join(f"{r[f'thr_call_{v}']:.4f}" for v in V)
+                + "".join(f" | {r[f'ef_k_{e}']:.4f} ({gbps(12 * n + 8 * r['count'], r[f'ef_k_{e}']):.0f})"
+                          for e in E)
                 + f" | {_f(r, 'ef_k_again_sel_efr4')} / {_f(r, 'ef_k_again_sel_efs4')} |")
-    tk = [r for r in results if "topk_8" in r]
+    tk = [r for r in results if any(k.startswith("topk_") for k in r)]
     if tk:
+        V = tk[0]["variants"]
         L.append("")
         L.append("Exact top-k (ms per call, median) per select variant; with routes: "
                  "torch.topk and cupy's routes.")
@@ -509,8 +522,8 @@ def markdown(info, results, sparse, checks, gauss):
 def smoke():
     """Small sizes, every kernel once, checked against numpy (for compute-sanitizer)."""
     rng = np.random.default_rng(int(time.time()))
-    for n, (variant, ef) in itertools.product(
-            (1, 5, 4097, 70_001), zip(_cuda.VARIANTS + ("s8", "s4"), EF_KERNELS)):
+    pairs = [(v, EF_KERNELS[i % len(EF_KERNELS)]) for i, v in enumerate(_cuda.VARIANTS)]
+    for n, (variant, ef) in itertools.product((1, 5, 4097, 70_001), pairs):
         _cuda.SELECT_VARIANT, _cuda.EF_KERNEL = variant, ef
         x = rng.standard_normal(n).astype(np.float32)
         x[::7] = 1.0
@@ -556,11 +569,19 @@ def main(argv=None):
     ap.add_argument("--md", help="write the markdown tables here")
     ap.add_argument("--json", help="write raw results here")
     ap.add_argument("--smoke", action="store_true", help="small correctness run only")
+    ap.add_argument("--variants", default=",".join(_cuda.VARIANTS),
+                    help="select variants to time (comma list of kernels._cuda.VARIANTS)")
+    ap.add_argument("--ef", default=",".join(EF_KERNELS),
+                    help="EF kernels to time (comma list; empty: none)")
     args = ap.parse_args(argv)
     parts = set(args.parts.split(","))
     unknown = parts - {"select", "topk", "routes", "sparse", "gaussian"}
     if unknown:
         ap.error(f"unknown parts {sorted(unknown)}")
+    variants = [v for v in args.variants.split(",") if v]
+    ef_kernels = [e for e in args.ef.split(",") if e]
+    if set(variants) - set(_cuda.VARIANTS) or set(ef_kernels) - set(EF_KERNELS):
+        ap.error(f"variants from {_cuda.VARIANTS}, EF kernels from {EF_KERNELS}")
     if args.no_torch:
         parts.discard("routes")
     _cuda.warm_up()
@@ -573,7 +594,7 @@ def main(argv=None):
     results, sparse, checks, gauss = [], [], [], []
     if parts & {"select", "topk", "routes"}:
         for log2n in [int(v) for v in args.log2n.split(",")]:
-            run_size(log2n, densities, args.reps, parts, results, checks)
+            run_size(log2n, densities, args.reps, parts, results, checks, variants, ef_kernels)
             cp.get_default_memory_pool().free_all_blocks()
     if "gaussian" in parts:
         for log2n in [int(v) for v in args.gaussian_log2n.split(",") if v]:
