@@ -30,13 +30,11 @@ The kernels, and why they look the way they do:
     entries in shared memory, in rank order, before the look-back, and
     copies them out to consecutive slots after it: no second load of the
     tile, no scattered stores (a warp with more than a quarter of its span
-    selected writes directly instead).  ``sel_*v8``: direct writes with the
-    values held in registers through the look-back (no re-load; 3 blocks per
-    SM instead of 4).  Persistent variants (``sel_*p8`` / ``p16`` / ``pb8``):
-    a grid of about the resident blocks, each taking tile ids from a counter
-    and issuing the next tile's loads before the current tile's look-back, so
-    loads stay in flight while a block waits and writes (``pb8``: its
-    re-loads for the writes all in flight at once, not chunk by chunk).
+    selected writes directly instead).  ``sel_*16``: tiles of 16384 (half the
+    look-backs); ``sel_*v8``: direct writes with the values held in registers
+    through the look-back (no re-load; 3 blocks per SM instead of 4).  Both
+    measured slower than ``sel_*8`` (docs/BENCHMARKS.md), as were persistent
+    grid variants (commit 8493caf; removed: see BENCHMARKS for why).
 
 ``gs_partial`` / ``gs_finish`` / ``gs_count*`` -- Gaussiank's statistics.
     Mean and variance in float64 as NumPy computes them (sum x / n, then
@@ -110,14 +108,6 @@ typedef long long i64;
 #define MINB_TOPK16 2
 #define MINB_THRV8 3
 #define MINB_TOPKV8 2
-#endif
-#ifndef MINB_P8          // persistent kernels (normally set from Python: PERSIST_MINB)
-#define MINB_P8 3
-#define MINB_P16 2
-#define MINB_PB8 2
-#define MINB_TOPKP8 2
-#define MINB_TOPKP16 1
-#define MINB_TOPKPB8 1
 #endif
 #define ST_FLAG_SHIFT 62
 #define ST_AGG (1ull << 62)
@@ -364,67 +354,6 @@ __device__ __forceinline__ void tile_write_direct(
 }
 
 
-// Direct writes with the re-loads batched (variant pb8): every chunk
-// of this lane that holds a candidate is re-loaded (from L2) into w first, all
-// those loads in flight at once, and only then are the entries written.
-// tile_write_direct re-loads chunk by chunk, each load followed by its stores,
-// and a warp takes a chunk's step whenever any of its 32 lanes has a candidate
-// in that chunk: at 1% density about 1 - 0.96^32 = 73% of the chunks, one L2
-// round trip each, one after another, after the look-back.  (The variant v8
-// avoids the re-loads altogether: KEEP holds the values in registers through
-// the look-back, at 3 resident blocks per SM instead of 4.)  Plain select and
-// top-k (MODE 0) only.
-template <int J, bool TIES, bool GATHER>
-__device__ __forceinline__ void tile_write_batched(
-    const float* aw, const int* in_idx, const i64 wbase, const int lim,
-    const int lane, const u32 ga, const u32 gt, const u32 need, const u32 cap,
-    float (&w)[J][4], const typename SelMask<J>::T ma, const typename SelMask<J>::T mt,
-    const u32 (&ea)[J / 4], const u32 (&ta)[J / 4], const u32 (&et)[J / 4],
-    const u32 (&tt)[J / 4], int* __restrict__ out_idx, float* __restrict__ out_val)
-{
-    const int ibase = (int)wbase;               // used only for valid entries (< n < 2^31)
-#pragma unroll
-    for (int j = 0; j < J; ++j) {               // 1: the re-loads, all in flight together
-        const int o = (j * 32 + lane) * 4;
-        const u32 mj = (u32)((ma >> (4 * j)) & 0xfu);
-        const u32 tj = TIES ? (u32)((mt >> (4 * j)) & 0xfu) : 0u;
-        if (mj | tj) {
-            if (o + 3 < lim) {
-                const float4 q4 = __ldcg(reinterpret_cast<const float4*>(aw + o));
-                w[j][0] = q4.x; w[j][1] = q4.y; w[j][2] = q4.z; w[j][3] = q4.w;
-            } else {
-#pragma unroll
-                for (int c = 0; c < 4; ++c) w[j][c] = (o + c < lim) ? __ldcg(aw + o + c) : 0.0f;
-            }
-        }
-    }
-    u32 ba = 0, bt = 0;                         // totals of this warp's earlier chunks
-#pragma unroll
-    for (int j = 0; j < J; ++j) {               // 2: the stores, as tile_write_direct
-        const int p = j >> 2, q = j & 3;
-        const int o = (j * 32 + lane) * 4;
-        const u32 mj = (u32)((ma >> (4 * j)) & 0xfu);
-        const u32 tj = TIES ? (u32)((mt >> (4 * j)) & 0xfu) : 0u;
-        if (mj | tj) {
-            u32 ra = ga + ba + byte_of(ea[p], q);
-            u32 rt = gt + bt + byte_of(et[p], q);
-#pragma unroll
-            for (int c = 0; c < 4; ++c) {
-                const u32 pa_ = (mj >> c) & 1u, pt_ = (tj >> c) & 1u;
-                const bool sel = pa_ || (pt_ && rt < need);
-                const u32 pos = ra + min(rt, need);
-                if (sel && pos < cap) {
-                    out_idx[pos] = GATHER ? in_idx[wbase + o + c] : ibase + o + c;
-                    out_val[pos] = w[j][c];
-                }
-                ra += pa_; rt += pt_;
-            }
-        }
-        ba += byte_of(ta[p], q);
-        bt += byte_of(tt[p], q);
-    }
-}
-
 template <int J, int MODE, bool TIES, bool GATHER, bool KEEP>
 __device__ __forceinline__ void select_tile(
     float* a, const float* b, const int* in_idx, const i64 n,
@@ -598,106 +527,6 @@ __device__ __forceinline__ void select_tile_staged(
     }
 }
 
-// Persistent grid (variants p8 / p16): about as many blocks as fit on the GPU
-// at once, each looping over tiles.  Tile ids come from a counter in the
-// workspace (the word after the status words, zeroed with them), so a tile is
-// only ever held by a running block and every smaller id was handed out
-// before it, to a running block: the look-back never waits on a tile that no
-// running block will reach, whichever blocks are resident and in whatever
-// order they start.  (A block holds at most three ids, its current tile, the
-// next and the one after, and works through them in increasing order, so the
-// smallest unfinished tile is always some block's current one, and its
-// look-back needs only finished tiles.)
-// The last warp's lane 0 asks for the id after next once the look-back is
-// done, straight into shared memory, so the atomic's latency hides behind the
-// writes and the next ranking and no register holds it; the block issues the
-// next tile's loads before the current tile's look-back, into the registers the
-// ranked values leave free, so its loads stay in flight through the look-back
-// and the writes (the direct kernels hold no loads then).  Writes as
-// select_tile (re-load from L2), or batched (pb8).  s_tile alternates between
-// two words: iteration `it` reads s_tile[it & 1] between its two barriers and
-// fills s_tile[(it + 1) & 1] after the second, for the next iteration.
-template <int J, bool TIES, bool GATHER, bool BATCH>
-__device__ __forceinline__ void select_persistent(
-    float* a, const int* in_idx, const i64 n,
-    const u32 above_key, const u32 tie_key, const u32 need, const u32 cap,
-    int* __restrict__ out_idx, float* __restrict__ out_val, u64* status)
-{
-    constexpr int WARP_ELEMS = 32 * 4 * J;
-    constexpr int TILE = SEL_WARPS * WARP_ELEMS;
-    constexpr int NP = J / 4;
-    __shared__ u32 s_w[SEL_WARPS];
-    __shared__ u32 s_pa, s_pt;
-    __shared__ u32 s_tile[2];
-    const int lane = threadIdx.x & 31;
-    const int warp = threadIdx.x >> 5;
-    const i64 ntiles = (n + TILE - 1) / TILE;
-    u32* tile_ctr = reinterpret_cast<u32*>(status + ntiles);
-    if (threadIdx.x == 0) {                 // this block's first two tiles, in order
-        const u32 t0 = atomicAdd(tile_ctr, 2u);
-        s_tile[0] = t0;
-        s_tile[1] = t0 + 1u;
-    }
-    __syncthreads();
-    u32 tile = s_tile[0];
-    float v[J][4];
-    {
-        const i64 wb = (i64)tile * TILE + (i64)warp * WARP_ELEMS;
-        const int lm = (int)max((i64)0, min((i64)WARP_ELEMS, n - wb));   // 0: no loads
-        tile_load<J, 0>(a + wb, nullptr, lm, lane, v);
-    }
-    for (u32 it = 1; (i64)tile < ntiles; ++it) {
-        const i64 wbase = (i64)tile * TILE + (i64)warp * WARP_ELEMS;
-        const int lim = (int)max((i64)0, min((i64)WARP_ELEMS, n - wbase));
-        float* aw = a + wbase;
-        typename SelMask<J>::T ma, mt;
-        u32 wa, wt, ea[NP], ta[NP], et[NP], tt[NP];
-        tile_rank<J, TIES>(v, lim, lane, above_key, tie_key, ma, mt, ea, ta, et, tt, wa, wt);
-        if (lane == 0) s_w[warp] = wa | (wt << 16);      // each <= 32*4*J <= 2048
-        __syncthreads();
-        const u32 next = s_tile[it & 1u];
-        {                                   // the next tile's loads go out now
-            const i64 wb = (i64)next * TILE + (i64)warp * WARP_ELEMS;
-            const int lm = (int)max((i64)0, min((i64)WARP_ELEMS, n - wb));
-            tile_load<J, 0>(a + wb, nullptr, lm, lane, v);
-        }
-        if (warp == 0) {                    // as in select_tile
-            const u32 x = (lane < SEL_WARPS) ? s_w[lane] : 0u;
-            const u32 incl = warp_incl_scan(x, lane);
-            const u32 agg = __shfl_sync(FULL, incl, SEL_WARPS - 1);
-            const u32 agg_a = agg & 0xffffu, agg_t = agg >> 16;
-            if (lane < SEL_WARPS) s_w[lane] = incl - x;
-            u32 pa = 0, pt = 0;
-            if (tile == 0) {
-                if (lane == 0) st_publish(&status[0], ST_INC | ((u64)agg_a << 31) | (u64)agg_t);
-            } else {
-                if (lane == 0) st_publish(&status[tile], ST_AGG | ((u64)agg_a << 31) | (u64)agg_t);
-                tile_lookback(status, tile, lane, pa, pt);
-                if (lane == 0)
-                    st_publish(&status[tile], ST_INC | ((u64)(pa + agg_a) << 31) | (u64)(pt + agg_t));
-            }
-            if (lane == 0) { s_pa = pa; s_pt = pt; }
-        }
-        __syncthreads();
-        if (threadIdx.x == SEL_THREADS - 32)                     // the tile after next
-            s_tile[(it + 1) & 1u] = atomicAdd(tile_ctr, 1u);
-        const u32 wx = s_w[warp];
-        const u32 ga = s_pa + (wx & 0xffffu), gt = s_pt + (wx >> 16);
-        __syncwarp();                       // every lane has read s_w[warp] before lane 0 refills it
-        if (BATCH) {                        // v holds the next tile: re-load into w
-            float w[J][4];
-            tile_write_batched<J, TIES, GATHER>(
-                aw, in_idx, wbase, lim, lane, ga, gt, need, cap,
-                w, ma, mt, ea, ta, et, tt, out_idx, out_val);
-        } else {
-            tile_write_direct<J, 0, TIES, GATHER, false>(       // v (the next tile) unused here
-                aw, nullptr, in_idx, wbase, lim, lane, ga, gt, need, cap,
-                v, ma, mt, ea, ta, et, tt, out_idx, out_val);
-        }
-        tile = next;
-    }
-}
-
 #define SEL_ARGS float* a, const float* b, const int* in_idx, const i64 n,          \
     const u32 above_key, const u32 tie_key, const u32 need, const u32* dparams,       \
     const u32 cap, int* __restrict__ out_idx, float* __restrict__ out_val, u64* status
@@ -714,16 +543,6 @@ extern "C" __global__ void __launch_bounds__(SEL_THREADS, MINB) NAME(SEL_ARGS) {
 #define DEFINE_TOPK_KEEP(NAME, J, GATHER, MINB)                                      \
 extern "C" __global__ void __launch_bounds__(SEL_THREADS, MINB) NAME(SEL_ARGS) {    \
     select_tile<J, 0, true, GATHER, true>(SEL_PASS(dparams[0], dparams[1], dparams[2])); \
-}
-#define DEFINE_SELECT_PERSISTENT(NAME, J, BATCH, MINB)                               \
-extern "C" __global__ void __launch_bounds__(SEL_THREADS, MINB) NAME(SEL_ARGS) {    \
-    select_persistent<J, false, false, BATCH>(a, in_idx, n, above_key, tie_key, need, \
-                                              cap, out_idx, out_val, status);         \
-}
-#define DEFINE_TOPK_PERSISTENT(NAME, J, GATHER, BATCH, MINB)                         \
-extern "C" __global__ void __launch_bounds__(SEL_THREADS, MINB) NAME(SEL_ARGS) {    \
-    select_persistent<J, true, GATHER, BATCH>(a, in_idx, n, dparams[0], dparams[1],  \
-                                              dparams[2], cap, out_idx, out_val, status); \
 }
 #define DEFINE_SELECT_STAGED(NAME, J, MODE, MINB)                                    \
 extern "C" __global__ void __launch_bounds__(SEL_THREADS, MINB) NAME(SEL_ARGS) {    \
@@ -758,15 +577,6 @@ DEFINE_TOPK_STAGED(sel_topkxs8, 8, false, MINB_TOPK8)
 DEFINE_SELECT(sel_thrv8, 8, 0, true, MINB_THRV8)
 DEFINE_TOPK_KEEP(sel_topkv8, 8, true, MINB_TOPKV8)
 DEFINE_TOPK_KEEP(sel_topkxv8, 8, false, MINB_TOPKV8)
-DEFINE_SELECT_PERSISTENT(sel_thrp8, 8, false, MINB_P8)
-DEFINE_SELECT_PERSISTENT(sel_thrp16, 16, false, MINB_P16)
-DEFINE_SELECT_PERSISTENT(sel_thrpb8, 8, true, MINB_PB8)
-DEFINE_TOPK_PERSISTENT(sel_topkp8, 8, true, false, MINB_TOPKP8)
-DEFINE_TOPK_PERSISTENT(sel_topkxp8, 8, false, false, MINB_TOPKP8)
-DEFINE_TOPK_PERSISTENT(sel_topkp16, 16, true, false, MINB_TOPKP16)
-DEFINE_TOPK_PERSISTENT(sel_topkxp16, 16, false, false, MINB_TOPKP16)
-DEFINE_TOPK_PERSISTENT(sel_topkpb8, 8, true, true, MINB_TOPKPB8)
-DEFINE_TOPK_PERSISTENT(sel_topkxpb8, 8, false, true, MINB_TOPKPB8)
 
 // ---- radix select ------------------------------------------------------------
 #define S_PREFIX 0
@@ -1043,18 +853,8 @@ DEFINE_SCATTER(seg_scatter_add_i64, long long)
 """
 
 #: select-kernel variants: tile shape (4, 8 or 16 float4 per lane), "s" = staged
-#: writes, "v" = values kept in registers through the look-back (no re-load),
-#: "p" = persistent grid (tile ids from a counter, next tile's loads in flight
-#: through the current tile's look-back), "pb" = persistent with the re-loads
-#: batched (all of a lane's chunks in flight at once)
-VARIANTS = ("4", "8", "s4", "s8", "16", "v8", "p8", "p16", "pb8")
-#: blocks of 256 per SM the persistent kernels are compiled for (their
-#: __launch_bounds__ minimum; their register counts allow no more): their grid
-#: is this times the SM count.  Passed to the source as MINB_P8 ... MINB_TOPKPB8.
-PERSIST_MINB = {"P8": 3, "P16": 2, "PB8": 2, "TOPKP8": 2, "TOPKP16": 1, "TOPKPB8": 1}
-#: Tests only: a persistent grid of this many blocks (None: PERSIST_MINB x SMs),
-#: so that small inputs make each block loop over many tiles.
-PERSISTENT_BLOCKS: int | None = None
+#: writes, "v" = values kept in registers through the look-back (no re-load)
+VARIANTS = ("4", "8", "s4", "s8", "16", "v8")
 _NAMES = ("sel_ef4", "sel_ef8", "sel_efr4", "sel_efr8", "sel_efs4", "sel_efs8", "sel_efc4",
           *(f"{kind}{v}" for kind in ("sel_thr", "sel_topk", "sel_topkx") for v in VARIANTS),
           "tk_hist", "tk_find", "gs_partial", "gs_finish", "gs_count1", "gs_count4",
@@ -1076,9 +876,7 @@ POISON = False
 #: each entry directly after the look-back (re-loaded from L2); "v8" the same
 #: holding the values in registers instead; "s4" / "s8" the selected entries
 #: staged in shared memory before the look-back and copied out in order after
-#: it; "p8" / "p16" / "pb8" direct writes on a persistent grid that loads the
-#: next tile during the current one's look-back and writes (pb: re-loads
-#: batched).  Env: AUTOTUNE_SELECT_VARIANT.
+#: it.  "8" measured fastest (docs/BENCHMARKS.md).  Env: AUTOTUNE_SELECT_VARIANT.
 SELECT_VARIANT = os.environ.get("AUTOTUNE_SELECT_VARIANT", "8")
 #: The error-feedback kernel: sel_ef{4,8} keep the tile in registers between
 #: the count and the write phase, sel_efr{4,8} reload it from L2 (fewer
@@ -1097,8 +895,7 @@ def _funcs():
     dev = cp.cuda.runtime.getDevice()
     fns = _MODULES.get(dev)
     if fns is None:
-        defs = "".join(f"#define MINB_{k} {v}\n" for k, v in PERSIST_MINB.items())
-        mod = cp.RawModule(code=defs + _SOURCE, options=("--std=c++14",))
+        mod = cp.RawModule(code=_SOURCE, options=("--std=c++14",))
         fns = {name: mod.get_function(name) for name in _NAMES}
         _MODULES[dev] = fns
         _SM_COUNT[dev] = cp.cuda.Device(dev).attributes["MultiProcessorCount"]
@@ -1223,17 +1020,14 @@ def _select(name, a, b, in_idx, n, above_key, tie_key, need, dparams, cap,
     to (above_key, tie_key, need) for the sel_topk* kernels, or None.
     """
     fns = _funcs()
-    tile, minb = _sel_shape(name)
+    tile = _sel_tile(name)
     ntiles = (n + tile - 1) // tile
-    grid = ntiles
-    if minb:            # persistent: about the resident blocks; tiles from a counter
-        grid = min(ntiles, PERSISTENT_BLOCKS or minb * _sm_count())
     stream = cp.cuda.get_current_stream()
-    ws = _workspace(ntiles + 1, stream, "select")    # status words, then the tile counter
+    ws = _workspace(ntiles, stream, "select")
     base = ws.buf.data.ptr
-    cp.cuda.runtime.memsetAsync(base, 0, (ntiles + 1) * 8, stream.ptr)
+    cp.cuda.runtime.memsetAsync(base, 0, ntiles * 8, stream.ptr)
     fns[name](
-        (grid,), (SEL_THREADS,),
+        (ntiles,), (SEL_THREADS,),
         (a, _NULL if b is None else b, _NULL if in_idx is None else in_idx,
          np.int64(n), np.uint32(above_key), np.uint32(tie_key), np.uint32(need),
          _NULL if dparams is None else np.uint64(dparams), np.uint32(cap), out_idx, out_val,
@@ -1247,16 +1041,12 @@ def _select(name, a, b, in_idx, n, above_key, tie_key, need, dparams, cap,
 
 
 @functools.lru_cache(maxsize=None)
-def _sel_shape(name: str) -> tuple[int, int]:
-    """(entries per tile, resident blocks per SM if persistent else 0) of a sel_* kernel."""
-    m = re.fullmatch(r"sel_(thr|topkx|topk|ef[rsc]?)([a-z]*?)(4|8|16)", name)
+def _sel_tile(name: str) -> int:
+    """Entries per tile of a sel_* kernel: 1024 x its 4 / 8 / 16 float4 per lane."""
+    m = re.fullmatch(r"sel_(?:thr|topkx|topk|ef[rsc]?)[a-z]*?(4|8|16)", name)
     if m is None:
         raise ValueError(f"not a select kernel: {name!r}")
-    kind, letters, j = m.group(1), m.group(2), int(m.group(3))
-    minb = 0
-    if letters.startswith("p"):             # p / pb: persistent
-        minb = PERSIST_MINB[("TOPK" if kind.startswith("topk") else "") + letters.upper() + str(j)]
-    return SEL_THREADS * 4 * j, minb
+    return SEL_THREADS * 4 * int(m.group(1))
 
 
 def _sel_name(kind: str) -> str:

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import kernels
-from conftest import requires_gpu
+from support import requires_gpu
 
 pytestmark = [pytest.mark.gpu, requires_gpu]
 
@@ -47,15 +47,14 @@ def cp(request):
 
 
 #: (plain / top-k variant, EF kernel): the direct writes, the staged ones, and the
-#: later variants (tiles of 16384, values kept, persistent grid, batched re-loads)
+#: later variants (tiles of 16384, values kept in registers)
 WRITE_PATHS = {"direct": ("8", "sel_efr4"), "staged": ("s8", "sel_efs8"),
-               "j16": ("16", "sel_efr4"), "kept": ("v8", "sel_efr4"), "p8": ("p8", "sel_efr4"),
-               "pb8": ("pb8", "sel_efr4")}
-#: the later variants run on fewer sizes (test_select_tile_variants and
-#: test_persistent_grid_loops cover their tile boundaries)
+               "j16": ("16", "sel_efr4"), "kept": ("v8", "sel_efr4")}
+#: the later variants run on fewer sizes (test_select_tile_variants covers
+#: their tile boundaries)
 LATER_SIZES = [1, 4097, 16385, 65537, (1 << 20) + 3]
 PATH_SIZES = [(p, n) for p in ("direct", "staged") for n in SIZES] + \
-    [(p, n) for p in ("j16", "kept", "p8", "pb8") for n in LATER_SIZES]
+    [(p, n) for p in ("j16", "kept") for n in LATER_SIZES]
 
 
 @pytest.fixture(params=sorted(WRITE_PATHS))
@@ -164,24 +163,23 @@ def test_topk_matches_numpy(cp, path, dist, n, monkeypatch):
         assert kernels.kth_magnitude(xg, k) == kernels.kth_magnitude(x, k), (dist, n, k, SEED)
 
 
-#: the EF kernels of the same tile shape (16 and the persistent ones have none)
+#: the EF kernels of the same tile shape (16 and v8 have none of their own)
 EF_OF_VARIANT = {"4": ("sel_ef4", "sel_efr4"), "8": ("sel_ef8", "sel_efr8"),
-                 "s4": ("sel_efs4",), "s8": ("sel_efs8",), "16": (), "v8": (), "p8": (), "p16": (),
-                 "pb8": ()}
+                 "s4": ("sel_efs4",), "s8": ("sel_efs8",), "16": (), "v8": ()}
 
 
 @pytest.mark.parametrize("variant", list(EF_OF_VARIANT))
 @pytest.mark.parametrize("dist", DISTS)
 def test_select_tile_variants(cp, dist, variant, monkeypatch):
     """Every select variant: tiles of 4, 8 or 16 float4 per lane, direct or staged
-    writes, blockIdx or persistent tiles; sizes at the variant's tile boundaries."""
+    writes, values re-loaded or kept; sizes at the variant's tile boundaries."""
     from kernels import _cuda
 
     assert set(EF_OF_VARIANT) == set(_cuda.VARIANTS)
     monkeypatch.setattr(_cuda, "SELECT_VARIANT", variant)
     j = variant
-    tile, _ = _cuda._sel_shape(f"sel_thr{variant}")
-    assert tile == 1024 * int(variant.lstrip("svpb"))
+    tile = _cuda._sel_tile(f"sel_thr{variant}")
+    assert tile == 1024 * int(variant.lstrip("sv"))
     for n in sorted({1, 8191, 8192, 8193, tile - 1, tile, tile + 1, 3 * tile + 5, 300_007}):
         rng = rng_for("tiles", dist, j, n)
         x, r = data(dist, n, rng), data(dist, n, rng)
@@ -198,35 +196,6 @@ def test_select_tile_variants(cp, dist, variant, monkeypatch):
                 ref = kernels.threshold_select_ef(rh, x, t)
                 assert_same(kernels.threshold_select_ef(rg, xg, t), ref, f"{ef} {dist} n={n}")
                 assert np.array_equal(host(rg).view(np.uint32), rh.view(np.uint32))
-
-
-@pytest.mark.parametrize("variant", ["p8", "p16", "pb8"])
-@pytest.mark.parametrize("blocks", [1, 2, 7])
-def test_persistent_grid_loops(cp, variant, blocks, monkeypatch):
-    """Persistent kernels on a grid of 1, 2 or 7 blocks: every block loops over many
-    tiles (and a lone block must never wait on itself); ties, the top-k tie rule
-    and the output cap, at tile-boundary sizes."""
-    from kernels import _cuda
-
-    monkeypatch.setattr(_cuda, "SELECT_VARIANT", variant)
-    monkeypatch.setattr(_cuda, "PERSISTENT_BLOCKS", blocks)
-    tile, minb = _cuda._sel_shape(f"sel_thr{variant}")
-    assert minb >= 1
-    for dist in ("gaussian", "ties", "hot", "zeros"):
-        for n in (tile - 1, 5 * tile, 5 * tile + 17, 300_007):
-            rng = rng_for("persist", variant, blocks, dist, n)
-            x = data(dist, n, rng)
-            xg = cp.asarray(x)
-            for k in sorted({1, max(1, n // 100), n // 2, n}):
-                assert_same(kernels.topk_select(xg, k), kernels.topk_select(x, k),
-                            f"topk {variant} blocks={blocks} {dist} n={n} k={k}")
-            for t in thresholds_for(x, rng)[:5]:
-                ref = kernels.threshold_select(x, t)
-                assert_same(kernels.threshold_select(xg, t), ref,
-                            f"threshold {variant} blocks={blocks} {dist} n={n} t={t!r}")
-                for cap in (1, 1000):       # past the cap: the count, then one more pass
-                    assert_same(_cuda.threshold_select(xg, t, cap=cap), ref,
-                                f"threshold {variant} blocks={blocks} cap={cap} {dist} n={n}")
 
 
 @pytest.mark.parametrize("path,n", PATH_SIZES)
@@ -291,7 +260,7 @@ def test_sampled_threshold_estimates_density(cp):
 
 def test_large_selection_2_28(cp, monkeypatch):
     """n = 2^28 (1 GiB of float32): threshold and exact top-k at 1%, with the
-    default variant and the tile-16 and persistent ones (thousands of tiles a block)."""
+    default variant and the tile-16 and values-kept ones."""
     from kernels import _cuda
 
     n = 1 << 28
@@ -300,7 +269,7 @@ def test_large_selection_2_28(cp, monkeypatch):
     k = n // 100
     ref = kernels.topk_select(x, k)
     t = float(np.abs(x[ref[0]]).min())
-    variants = list(dict.fromkeys([_cuda.SELECT_VARIANT, "16", "v8", "p8", "pb8"]))
+    variants = list(dict.fromkeys([_cuda.SELECT_VARIANT, "16", "v8"]))
     for v in variants:
         monkeypatch.setattr(_cuda, "SELECT_VARIANT", v)
         assert_same(kernels.topk_select(xg, k), ref, f"topk 2^28 variant {v}")

@@ -6,7 +6,7 @@ Run from the repository root on a GPU machine:
     python3 tests/benchmarks/gpu_kernels.py [--log2n 20,22,24,25,26,27,28]
         [--density 0.001,0.01] [--reps 20] [--md FILE] [--json FILE] [--smoke]
         [--parts select,topk,routes,sparse,gaussian] [--gaussian-log2n 24,27]
-        [--variants 8,16,p8,p16] [--ef sel_efr4,sel_efs4]
+        [--variants 8,16,v8] [--ef sel_efr4,sel_efs4]
 
 ``--parts`` picks what runs: select = the threshold and EF kernels of every
 variant (kernel and call figures; every variant's kernel timed in two passes,
@@ -25,7 +25,7 @@ call's figure includes its launch gaps).  Inputs rotate among enough copies
   read       a read-only kernel over x: 4n bytes, one read of the input (the floor)
   thr        kernels.threshold_select(x, t), t = the exact k-th magnitude, every
              select variant (_cuda.VARIANTS: 4 / 8 / 16 float4 per lane, s = staged,
-             p = persistent grid)
+             v = values kept in registers, no re-load)
   thr_ef     kernels.threshold_select_ef(r, x, t), r zeroed before the call (untimed)
   topk       kernels.topk_select(x, k): exact, sorted indices + values
   kth        the radix select alone (kernels._cuda._radix)
@@ -439,7 +439,7 @@ def markdown(info, results, sparse, checks, gauss):
                  "one read of the input (the read-only kernel); variants: 4 / 8 float4 per "
                  "lane (tiles of 4096 / 8192), direct writes after the look-back; s4 / s8 the "
                  "same tiles, selected entries staged in shared memory and copied out in "
-                 "order; 16: tiles of 16384, direct; p8 / p16: persistent grid, direct. "
+                 "order; 16: tiles of 16384, direct; v8: direct, values kept in registers. "
                  f"Defaults in this run: {r0['select_variant']}, EF {r0['ef_kernel']}; "
                  "'2nd' = every variant timed again in a second pass after the first "
                  "(the spread); 'again' = the default once more after the EF kernels. "
