@@ -207,9 +207,14 @@ def _oktopk(M, n, P, d, tp, tau=64):
     split_reduce = (P - 1) * M.t_p2p(2 * k / P * ITEM) + M.reduce(k)
     balance = M.t_p2p(2 * k / P * ITEM)  # repacking into equal blocks
     gather = M.t_allgather(2 * k / P * ITEM, P) + M.reduce(k)
-    refresh = (M.t_allgather(8 * P, P)) / tp  # exact global threshold every tau'
-    bounds = M.t_allgather(8 * P, P) / max(1, int(tau))  # region boundaries every tau
-    return M.dense_passes(n) + select + split_reduce + balance + gather + refresh + bounds
+    # control messages of every call: the reduce counts and quotas (two alltoalls of
+    # one int64 per peer) and the global counts (an allgather of three int64)
+    control = 2 * M.t_alltoall(8, P) + M.t_allgather(24, P)
+    # exact global threshold every tau': radix select, 8 allreduces of 16 int64
+    refresh = 8 * M.t_allreduce(128, P) / tp
+    bounds = M.t_allreduce(8 * P, P) / max(1, int(tau))  # region boundaries every tau
+    return (M.dense_passes(n) + select + split_reduce + balance + gather + control
+            + refresh + bounds)
 
 
 def _topka2a(M, n, P, d, tp):

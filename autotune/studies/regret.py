@@ -77,6 +77,9 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", required=True)
     ap.add_argument("--measured", nargs="+", required=True)
     ap.add_argument("--exclude", default="", help="algorithms to leave out (comma-separated)")
+    ap.add_argument("--off-grid", action="store_true",
+                    help="score only points whose (n, P, density) the profile never ran "
+                         "(a separate measurement of a training configuration is not held out)")
     ap.add_argument("--cv-baseline", metavar="NAME",
                     help="leave-one-size-out cross-validation on the --measured sweeps alone, "
                          "network terms fitted from the NAME (native) and dense rows, compute "
@@ -86,7 +89,11 @@ def main(argv=None) -> int:
     if args.cv_baseline:
         rows, summary = cross_validate(prof, args.measured, args.cv_baseline)
     else:
-        rows, summary = evaluate(prof, load_points(args.measured),
+        points = load_points(args.measured)
+        if args.off_grid:
+            seen = {(r["n"], r["P"], r.get("density")) for r in prof.get("runs", [])}
+            points = {key: v for key, v in points.items() if key not in seen}
+        rows, summary = evaluate(prof, points,
                                  exclude=[a for a in args.exclude.split(",") if a])
     print(markdown(rows, summary))
     return 0
