@@ -5,8 +5,10 @@ kernel and one collective (under real mpiexec at P = 2), into a temporary
 baseline folder.  Then the saved baseline is edited the way a real change
 would move it, so the verdicts do not depend on this machine's noise: a
 baseline 10^4x slower than the run must pass, one 10^4x faster must fail
-with pytest-benchmark's "Performance has regressed", and a baseline that
-lacks a benchmark of the run must fail too.
+(the host suite with pytest-benchmark's "Performance has regressed", the
+collective suite on its native reference's absolute gate), one algorithm
+alone 10^4x faster in the baseline must fail relative to the native
+allreduce, and a baseline that lacks a benchmark of the run must fail too.
 """
 from __future__ import annotations
 
@@ -34,10 +36,12 @@ def tool(*args, timeout=300):
     return p.returncode, p.stdout + p.stderr
 
 
-def scale(path: Path, factor: float) -> None:
-    """Make the recorded times ``factor`` times longer."""
+def scale(path: Path, factor: float, only: str = "") -> None:
+    """Make the recorded times ``factor`` times longer (of benchmarks whose name contains ``only``)."""
     doc = json.loads(path.read_text())
     for b in doc["benchmarks"]:
+        if only not in b["name"]:
+            continue
         for f in TIME_FIELDS:
             b["stats"][f] *= factor
         b["stats"]["ops"] /= factor
@@ -47,7 +51,7 @@ def scale(path: Path, factor: float) -> None:
 def test_record_compare_and_fail_on_regression(tmp_path):
     common = ["--machine", "ci-test", "--storage", str(tmp_path), "--quick", "--rounds", "2",
               "--np", "2", "--suites", "host,mpi"]
-    only = ["--", "-k", "kth_magnitude or dense", "--color=no"]
+    only = ["--", "-k", "kth_magnitude or dense or mpi", "--color=no"]
     rc, out = tool(*common, "--save", "--no-confirm", *only)
     assert rc == 0, out
     files = sorted((tmp_path / "ci-test").glob("*/*.json"))
@@ -62,7 +66,8 @@ def test_record_compare_and_fail_on_regression(tmp_path):
     mpi_doc = json.loads(files[1].read_text())
     assert mpi_doc["machine_info"]["mpi_ranks"] == 2
     assert [b["name"] for b in mpi_doc["benchmarks"]] == [
-        "test_allreduce[dense-P2-d0.01-numpy-n4103]"], "rank 0 alone saves, each benchmark once"
+        "test_allreduce[dense-P2-d0.01-numpy-n4103]", "test_allreduce[mpi-P2-d0.01-numpy-n4103]"], \
+        "rank 0 alone saves, each benchmark once"
 
     for f in files:
         scale(f, 1e4)  # baseline far slower: no regression
@@ -70,12 +75,18 @@ def test_record_compare_and_fail_on_regression(tmp_path):
     assert rc == 0, out
     assert "no regression beyond median:25% / min:25%" in out
 
+    scale(files[1], 1e-8, only="[dense-")  # dense alone far faster than before, mpi as it was
+    rc, out = tool(*common, *only)
+    assert rc == 1, out
+    assert "dense-P2-d0.01-numpy-n4103] median" in out and "relative to mpi" in out, out
+    assert "suite host" not in out.split("FAILED:")[-1], out
+
     for f in files:
         scale(f, 1e-8)  # baseline far faster: every benchmark regressed
     rc, out = tool(*common, *only)
     assert rc == 1, out
     assert "Performance has regressed" in out
-    assert "suite host: pytest exited" in out and "suite mpi: pytest exited" in out
+    assert "suite host: pytest exited" in out and "suite mpi: native mpi median" in out
 
 
 def test_compare_fails_without_a_matching_baseline(tmp_path):
