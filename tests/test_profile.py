@@ -24,7 +24,7 @@ from autotune.profile import (
     segment_at,
 )
 from collectives import ALGORITHMS
-from conftest import requires_gpu
+from support import requires_gpu
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = sorted((ROOT / "profiles").glob("*.json"))
@@ -41,7 +41,7 @@ def cli(*args, check_rc=0):
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory):
     """A real tiny profile, P=2, under mpiexec."""
-    from conftest import run_mpi
+    from support import run_mpi
 
     out = tmp_path_factory.mktemp("prof") / "p2.json"
     stdout = run_mpi(2, "autotune.cli", "profile", "--sizes", "tiny", "--out", str(out),
@@ -480,7 +480,7 @@ def test_xi_follows_the_paper_definition():
 @requires_gpu
 def test_profile_over_nccl(tmp_path):
     """`autotune profile --device gpu --backend nccl` end to end at P=2."""
-    from conftest import run_mpi
+    from support import run_mpi
 
     out = tmp_path / "nccl.json"
     run_mpi(2, "autotune.cli", "profile", "--device", "gpu", "--backend", "nccl", "--sizes",
