@@ -354,6 +354,28 @@ __device__ __forceinline__ void tile_write_direct(
 }
 
 
+// Warp 0 of a tile: scan the warps' packed counts (s_w becomes each warp's exclusive
+// prefix inside the tile), publish the tile's aggregate, walk the look-back, publish the
+// inclusive prefix and leave the counts before the tile in s_pa (above) / s_pt (ties).
+__device__ __forceinline__ void tile_prefix(u64* status, const u32 tile, const int lane,
+                                            u32* s_w, u32& s_pa, u32& s_pt) {
+    const u32 x = (lane < SEL_WARPS) ? s_w[lane] : 0u;
+    const u32 incl = warp_incl_scan(x, lane);       // halves stay < 2^16
+    const u32 agg = __shfl_sync(FULL, incl, SEL_WARPS - 1);
+    const u32 agg_a = agg & 0xffffu, agg_t = agg >> 16;
+    if (lane < SEL_WARPS) s_w[lane] = incl - x;     // each lane rewrites its own slot
+    u32 pa = 0, pt = 0;
+    if (tile == 0) {
+        if (lane == 0) st_publish(&status[0], ST_INC | ((u64)agg_a << 31) | (u64)agg_t);
+    } else {
+        if (lane == 0) st_publish(&status[tile], ST_AGG | ((u64)agg_a << 31) | (u64)agg_t);
+        tile_lookback(status, tile, lane, pa, pt);
+        if (lane == 0)
+            st_publish(&status[tile], ST_INC | ((u64)(pa + agg_a) << 31) | (u64)(pt + agg_t));
+    }
+    if (lane == 0) { s_pa = pa; s_pt = pt; }
+}
+
 template <int J, int MODE, bool TIES, bool GATHER, bool KEEP>
 __device__ __forceinline__ void select_tile(
     float* a, const float* b, const int* in_idx, const i64 n,
@@ -382,23 +404,7 @@ __device__ __forceinline__ void select_tile(
     if (lane == 0) s_w[warp] = wa | (wt << 16);      // each <= 32*4*J <= 2048 (J <= 16)
     __syncthreads();
 
-    if (warp == 0) {
-        const u32 x = (lane < SEL_WARPS) ? s_w[lane] : 0u;
-        const u32 incl = warp_incl_scan(x, lane);       // halves stay < 2^16
-        const u32 agg = __shfl_sync(FULL, incl, SEL_WARPS - 1);
-        const u32 agg_a = agg & 0xffffu, agg_t = agg >> 16;
-        if (lane < SEL_WARPS) s_w[lane] = incl - x;     // each lane rewrites its own slot
-        u32 pa = 0, pt = 0;
-        if (tile == 0) {
-            if (lane == 0) st_publish(&status[0], ST_INC | ((u64)agg_a << 31) | (u64)agg_t);
-        } else {
-            if (lane == 0) st_publish(&status[tile], ST_AGG | ((u64)agg_a << 31) | (u64)agg_t);
-            tile_lookback(status, tile, lane, pa, pt);
-            if (lane == 0)
-                st_publish(&status[tile], ST_INC | ((u64)(pa + agg_a) << 31) | (u64)(pt + agg_t));
-        }
-        if (lane == 0) { s_pa = pa; s_pt = pt; }
-    }
+    if (warp == 0) tile_prefix(status, tile, lane, s_w, s_pa, s_pt);
     __syncthreads();
 
     const u32 wx = s_w[warp];
@@ -482,23 +488,7 @@ __device__ __forceinline__ void select_tile_staged(
     if (lane == 0) s_w[warp] = wa | (wt << 16);      // each <= 32*4*J <= 1024
     __syncthreads();
 
-    if (warp == 0) {                                 // as in select_tile
-        const u32 x = (lane < SEL_WARPS) ? s_w[lane] : 0u;
-        const u32 incl = warp_incl_scan(x, lane);
-        const u32 agg = __shfl_sync(FULL, incl, SEL_WARPS - 1);
-        const u32 agg_a = agg & 0xffffu, agg_t = agg >> 16;
-        if (lane < SEL_WARPS) s_w[lane] = incl - x;
-        u32 pa = 0, pt = 0;
-        if (tile == 0) {
-            if (lane == 0) st_publish(&status[0], ST_INC | ((u64)agg_a << 31) | (u64)agg_t);
-        } else {
-            if (lane == 0) st_publish(&status[tile], ST_AGG | ((u64)agg_a << 31) | (u64)agg_t);
-            tile_lookback(status, tile, lane, pa, pt);
-            if (lane == 0)
-                st_publish(&status[tile], ST_INC | ((u64)(pa + agg_a) << 31) | (u64)(pt + agg_t));
-        }
-        if (lane == 0) { s_pa = pa; s_pt = pt; }
-    }
+    if (warp == 0) tile_prefix(status, tile, lane, s_w, s_pa, s_pt);
     __syncthreads();
 
     const u32 wx = s_w[warp];
