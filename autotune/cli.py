@@ -179,11 +179,10 @@ def main(argv=None) -> int:
             print(f"profile {prof.path} ({prof.fingerprint.get('network', '?')})")
             print(d.explain())
             return 0
-        from .tuner import tune, xi_at
+        from .tuner import default_xi_max, tune
 
-        xi_max = args.xi_max if args.xi_max is not None else xi_at(prof.data, 0.01)
-        r = tune(prof.data, args.n, args.P, algorithm=args.algorithm,
-                 xi_max=xi_max if xi_max is not None else float("inf"),
+        xi_max = args.xi_max if args.xi_max is not None else default_xi_max(prof.data)
+        r = tune(prof.data, args.n, args.P, algorithm=args.algorithm, xi_max=xi_max,
                  tau_prime_max=args.tau_prime_max, trials=args.trials, storage=args.storage,
                  seed=args.seed)
         print(f"{args.algorithm} n={args.n} P={args.P}: density={r.density:.5f} tau'={r.tau_prime} "

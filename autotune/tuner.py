@@ -56,7 +56,20 @@ class TuneResult:
     feasible: bool
 
 
-def tune(profile: dict, n: int, P: int, *, algorithm: str = "oktopk", xi_max: float = 0.5,
+REFERENCE_DENSITY = 0.01  # the default guard: xi no worse than at 1% density
+
+
+def default_xi_max(profile: dict) -> float:
+    """The default accuracy guard: the profile's xi at 1% density (the density
+    the paper and the convergence tables train well at), or no guard (inf) when
+    the profile has no xi.  xi is measured relative to one step's gradient and
+    error-feedback residuals make it exceed 1 (docs/PROFILES.md), so a fixed
+    absolute limit would be unreachable on some machines and void on others."""
+    xi = xi_at(profile, REFERENCE_DENSITY)
+    return float("inf") if xi is None else xi
+
+
+def tune(profile: dict, n: int, P: int, *, algorithm: str = "oktopk", xi_max: float | None = None,
          tau_prime_max: int = 64, density_range=(1e-4, 0.1), trials: int = 60,
          storage: str | None = None, study_name: str | None = None, seed: int = 0,
          measure=None, selector: Selector | None = None) -> TuneResult:
@@ -65,7 +78,8 @@ def tune(profile: dict, n: int, P: int, *, algorithm: str = "oktopk", xi_max: fl
     Args:
         profile: profile dict.
         n, P: tensor size and process count.
-        xi_max: largest tolerated xi (Assumption 1 gap relative to the gradient norm).
+        xi_max: largest tolerated xi (Assumption 1 gap relative to the gradient
+            norm); default :func:`default_xi_max` (xi at 1% density).
         tau_prime_max: largest tolerated threshold-refresh interval.
         storage: a file path for optuna's JournalStorage (resumable); None = in memory.
         measure: optional ``measure(density, tau_prime, tau) -> seconds`` to
@@ -74,6 +88,8 @@ def tune(profile: dict, n: int, P: int, *, algorithm: str = "oktopk", xi_max: fl
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if xi_max is None:
+        xi_max = default_xi_max(profile)
     sel = selector or Selector(profile)
     has_xi = bool(xi_curve(profile)[0])
 

@@ -1,6 +1,7 @@
 """Cost model, selector, tuner and the auto dispatch."""
 import subprocess
 import sys
+import math
 from pathlib import Path
 
 import pytest
@@ -61,6 +62,20 @@ def test_tuner_respects_guard_and_resumes(slow, tmp_path):
     assert r1.tau_prime <= 64
     r2 = tune(slow, 1 << 22, 4, xi_max=guard, trials=16, storage=store)
     assert r2.trials == 16  # resumed: 12 from the file + 4 new
+
+
+def test_tuner_default_guard_is_reachable(slow):
+    """Without xi_max the guard is the profile's xi at 1% density: a shipped
+    profile must yield a feasible result that honours it (a fixed absolute
+    limit such as 0.5 is unreachable where residuals make xi exceed 1)."""
+    pytest.importorskip("optuna")
+    from autotune.tuner import default_xi_max, tune, xi_at
+
+    guard = default_xi_max(slow)
+    assert math.isfinite(guard) and guard == xi_at(slow, 0.01)
+    r = tune(slow, 1 << 22, 4, trials=12)
+    assert r.feasible and xi_at(slow, r.density) <= guard + 1e-9
+    assert default_xi_max({"xi": None}) == math.inf
 
 
 @pytest.mark.mpi
