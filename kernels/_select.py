@@ -243,7 +243,18 @@ def gaussian_select(x, k: int, density: float, *, rounds: int = 3):
 
         def count(t):
             return int(xp.count_nonzero(mag >= weak_threshold(x, t)))
-    best, best_err = 0.0, math.inf  # threshold 0 (select all, then cap) if nothing better
+    best = correct_threshold(count, thr, k, rounds)
+    idx, vals = threshold_select(x, best)
+    idx, vals = cap_selection(idx, vals, k)
+    return idx, vals, best
+
+
+def correct_threshold(count, thr: float, k: int, rounds: int) -> float:
+    """Gaussiank's correction: up to ``rounds`` steps halving the threshold (count
+    below 2k/3) or scaling it by 1.5 (above 4k/3); returns the threshold whose
+    count was closest to k in log ratio (0.0 -- select all, then cap -- if every
+    count was 0).  ``count(t)`` is the number of |x| >= t."""
+    best, best_err = 0.0, math.inf
     for _ in range(rounds + 1):
         c = count(thr)
         if c:
@@ -256,6 +267,4 @@ def gaussian_select(x, k: int, density: float, *, rounds: int = 3):
             thr *= 1.5
         else:
             break
-    idx, vals = threshold_select(x, best)
-    idx, vals = cap_selection(idx, vals, k)
-    return idx, vals, best
+    return best

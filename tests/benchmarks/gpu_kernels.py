@@ -314,19 +314,8 @@ def _gaussian_select_replaced(x, k, density, rounds=3):
     sigma = float(cp.std(x, dtype=np.float64))
     q = min(max(density, 1e-12), 1.0 - 1e-12)
     thr = abs(mu) + sigma * statistics.NormalDist().inv_cdf(1.0 - q / 2.0)
-    best, best_err = 0.0, math.inf
-    for _ in range(rounds + 1):
-        c = int(_COUNT_GE_OLD(x, np.uint32(_cuda.threshold_key(thr))))
-        if c:
-            err = abs(math.log(c / k))
-            if err < best_err:
-                best, best_err = thr, err
-        if c < 2 * k / 3:
-            thr *= 0.5
-        elif c > 4 * k / 3:
-            thr *= 1.5
-        else:
-            break
+    best = _select.correct_threshold(
+        lambda t: int(_COUNT_GE_OLD(x, np.uint32(_cuda.threshold_key(t)))), thr, k, rounds)
     idx, vals = kernels.threshold_select(x, best)
     idx, vals = kernels.cap_selection(idx, vals, k)
     return idx, vals, best
