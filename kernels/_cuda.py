@@ -244,6 +244,25 @@ __device__ __forceinline__ void tile_rank(
     }
 }
 
+// The span of one warp in tile `tile`: its first index (64-bit only here: offsets
+// inside the span are 32-bit, n < 2^31), its number of valid entries, and the
+// input pointers at its start (b is read only by error feedback, MODE 1).
+template <int J, int MODE>
+struct WarpSpan {
+    i64 base;
+    int lim;
+    float* a;
+    const float* b;
+    __device__ __forceinline__ WarpSpan(float* a0, const float* b0, const i64 n, const u32 tile,
+                                        const int warp) {
+        constexpr int WARP_ELEMS = 32 * 4 * J;
+        base = (i64)tile * (SEL_WARPS * WARP_ELEMS) + (i64)warp * WARP_ELEMS;
+        lim = (int)max((i64)0, min((i64)WARP_ELEMS, n - base));
+        a = a0 + base;
+        b = (MODE == 1) ? b0 + base : b0;
+    }
+};
+
 // Load the tile, mark the candidates and rank them inside the warp.
 template <int J, int MODE, bool TIES>
 __device__ __forceinline__ void tile_load_rank(
@@ -382,19 +401,17 @@ __device__ __forceinline__ void select_tile(
     const u32 above_key, const u32 tie_key, const u32 need, const u32 cap,
     int* __restrict__ out_idx, float* __restrict__ out_val, u64* status)
 {
-    constexpr int WARP_ELEMS = 32 * 4 * J;
-    constexpr int TILE = SEL_WARPS * WARP_ELEMS;
     constexpr int NP = J / 4;
     __shared__ u32 s_w[SEL_WARPS];
     __shared__ u32 s_pa, s_pt;
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
     const u32 tile = blockIdx.x;
-    // 64-bit only here: offsets inside the warp's span are 32-bit (n < 2^31)
-    const i64 wbase = (i64)tile * TILE + (i64)warp * WARP_ELEMS;
-    const int lim = (int)max((i64)0, min((i64)WARP_ELEMS, n - wbase));   // valid entries
-    float* aw = a + wbase;
-    const float* bw = (MODE == 1) ? b + wbase : b;
+    const WarpSpan<J, MODE> sp(a, b, n, tile, warp);
+    const i64 wbase = sp.base;
+    const int lim = sp.lim;
+    float* aw = sp.a;
+    const float* bw = sp.b;
 
     float v[J][4];
     typename SelMask<J>::T ma, mt;
@@ -422,7 +439,6 @@ __device__ __forceinline__ void select_tile_staged(
     static_assert(MODE == 0 || MODE == 1, "staged: plain or error-feedback select");
     static_assert(!(MODE == 1 && TIES), "staged EF has no tie rule");
     constexpr int WARP_ELEMS = 32 * 4 * J;
-    constexpr int TILE = SEL_WARPS * WARP_ELEMS;
     constexpr int NP = J / 4;
     constexpr u32 STAGE = WARP_ELEMS / 4;      // candidates a warp can stage
     constexpr u32 OFF_MASK = 0x3fffu;          // bits 0-13: offset in the warp's span,
@@ -435,10 +451,11 @@ __device__ __forceinline__ void select_tile_staged(
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
     const u32 tile = blockIdx.x;
-    const i64 wbase = (i64)tile * TILE + (i64)warp * WARP_ELEMS;
-    const int lim = (int)max((i64)0, min((i64)WARP_ELEMS, n - wbase));   // valid entries
-    float* aw = a + wbase;
-    const float* bw = (MODE == 1) ? b + wbase : b;
+    const WarpSpan<J, MODE> sp(a, b, n, tile, warp);
+    const i64 wbase = sp.base;
+    const int lim = sp.lim;
+    float* aw = sp.a;
+    const float* bw = sp.b;
 
     float v[J][4];
     typename SelMask<J>::T ma, mt;
