@@ -462,20 +462,44 @@ def projection_table(proj) -> str:
 
 
 # -- plots -------------------------------------------------------------------------
-def plot_measured(res: dict, outdir, prof: dict | None = None) -> Path:
-    """Measured median time vs P, one panel per n, one line per algorithm;
-    dashed: the cost model (beta rescaled to each P) when a profile is given."""
+def _panels(count: int):
+    """A headless figure with ``count`` panels side by side: (figure, axes row)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    fig, axes = plt.subplots(1, count, figsize=(5 * count, 4.2), squeeze=False)
+    return fig, axes[0]
+
+
+def _log_panel(ax, xlabel: str, ylabel: str, title: str) -> None:
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+
+
+def _save(fig, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_measured(res: dict, outdir, prof: dict | None = None) -> Path:
+    """Measured median time vs P, one panel per n, one line per algorithm;
+    dashed: the cost model (beta rescaled to each P) when a profile is given."""
     rows = res["rows"]
     sizes = sorted({r["n"] for r in rows})
     algos = _algos(rows)
-    fig, axes = plt.subplots(1, len(sizes), figsize=(5 * len(sizes), 4.2), squeeze=False)
+    fig, axes = _panels(len(sizes))
     colors = {a: _color(a) for a in algos}
-    for ax, n in zip(axes[0], sizes):
+    for ax, n in zip(axes, sizes):
         for a in algos:
             pts = sorted((r["P"], r["median_s"]) for r in rows if r["n"] == n and r["algorithm"] == a)
             if not pts:
@@ -485,32 +509,19 @@ def plot_measured(res: dict, outdir, prof: dict | None = None) -> Path:
             if prof is not None and a in costmodel.TERMS:
                 pred = [costmodel.predict(machine_at(prof, p), a, n, p, res["density"]) for p in P]
                 ax.plot(P, np.array(pred) * 1e3, "--", color=colors[a], lw=0.8)
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("P (ranks)")
-        ax.set_ylabel("ms per call (median, slowest rank)")
-        ax.set_title(f"n = 2^{int(math.log2(n))} per rank, {res['network']}")
-        ax.grid(True, which="both", alpha=0.3)
-    axes[0][0].legend(fontsize=7, ncol=2)
+        _log_panel(ax, "P (ranks)", "ms per call (median, slowest rank)",
+                   f"n = 2^{int(math.log2(n))} per rank, {res['network']}")
+    axes[0].legend(fontsize=7, ncol=2)
     if prof is not None:
         fig.text(0.01, 0.01, "dashed: cost model (profile's beta rescaled to each P)", fontsize=7)
-    fig.tight_layout()
-    path = Path(outdir) / f"scaling_measured_{res['network']}.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, Path(outdir) / f"scaling_measured_{res['network']}.png")
 
 
 def plot_projection(proj, outdir) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     models = list(dict.fromkeys(r["model"] for r in proj))
     algos = [a for a in proj[0]["pred_s"] if a != "dense"]
-    fig, axes = plt.subplots(1, len(models), figsize=(5 * len(models), 4.2), squeeze=False)
-    for ax, m in zip(axes[0], models):
+    fig, axes = _panels(len(models))
+    for ax, m in zip(axes, models):
         rs = [r for r in proj if r["model"] == m]
         P = [r["P"] for r in rs]
         for a in algos:
@@ -521,23 +532,15 @@ def plot_projection(proj, outdir) -> Path:
                       label="paper: Ok-Topk training\nthroughput gain (all baselines)")
             ax.annotate(f"{lo:g}x-{hi:g}x", (p, hi), fontsize=7, ha="right", va="bottom")
         ax.axhline(1.0, color="k", lw=0.6)
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("P (GPUs)")
-        ax.set_ylabel("predicted speedup over dense allreduce")
-        ax.set_title(f"{m}: n={rs[0]['n'] / 1e6:.1f}M, density {100 * rs[0]['density']:g}%")
-        ax.grid(True, which="both", alpha=0.3)
-    for ax in axes[0]:
+        _log_panel(ax, "P (GPUs)", "predicted speedup over dense allreduce",
+                   f"{m}: n={rs[0]['n'] / 1e6:.1f}M, density {100 * rs[0]['density']:g}%")
+    for ax in axes:
         if PAPER_REPORTED.get(ax.get_title().split(":")[0]):
             ax.legend(fontsize=6, loc="lower left")
-    axes[0][0].legend(fontsize=7, ncol=2)
+    axes[0].legend(fontsize=7, ncol=2)
     fig.suptitle("Cost model with profiles/piz_daint.json (published figures, not measured)",
                  fontsize=9)
-    fig.tight_layout()
-    path = Path(outdir) / "scaling_projected_piz_daint.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, Path(outdir) / "scaling_projected_piz_daint.png")
 
 
 # -- CLI ---------------------------------------------------------------------------
