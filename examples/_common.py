@@ -57,12 +57,11 @@ def parser(description: str, *, epochs: int, batch_size: int, lr: float,
 def setup(args) -> torch.device:
     """Start the communicator for ``--backend`` and pick this rank's ``--device``.
 
-    Call before building tensors: returns the torch device the model and the
-    data should live on.  With NCCL, gradients stay on the GPU end to end
-    (torch -> DLPack -> cupy -> ncclAllReduce / ncclSend / ncclRecv).
+    Call once, before building tensors: returns the torch device the model and
+    the data live on (pass it to :func:`run_grid`).  With NCCL, gradients stay
+    on the GPU end to end (torch -> DLPack -> cupy -> ncclAllReduce / ncclSend /
+    ncclRecv).
     """
-    if getattr(args, "_torch_device", None) is not None:
-        return args._torch_device
     if args.backend == "nccl" and args.device != "cuda":
         raise SystemExit("--backend nccl needs --device cuda")
     if args.backend == "nccl":
@@ -72,16 +71,14 @@ def setup(args) -> torch.device:
     else:
         comm = autotune.init()
     if args.device == "cpu":
-        args._torch_device = torch.device("cpu")
-        return args._torch_device
+        return torch.device("cpu")
     if not torch.cuda.is_available():
         raise SystemExit("--device cuda: torch sees no CUDA device")
     dev = getattr(comm, "device", None)
     if dev is None:
         dev = int(os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", comm.rank)) % torch.cuda.device_count()
     torch.cuda.set_device(dev)
-    args._torch_device = torch.device("cuda", dev)
-    return args._torch_device
+    return torch.device("cuda", dev)
 
 
 def configurations(args):
@@ -101,11 +98,14 @@ def shard(batch: np.ndarray, rank: int, P: int) -> np.ndarray:
     return batch[rank::P]
 
 
-def run_grid(args, *, name: str, make_model, make_optimizer, train_step, evaluate,
-             n_train: int, data_info: dict, clip: float | None = None) -> dict:
+def run_grid(args, *, name: str, device: torch.device, make_model, make_optimizer,
+             train_step, evaluate, n_train: int, data_info: dict,
+             clip: float | None = None) -> dict:
     """Train every configuration; returns (and on rank 0 writes) the curves.
 
     Args:
+        device: where the model trains (from :func:`setup`, which also started
+            the communicator).
         make_model(): a fresh model (after ``torch.manual_seed``).
         make_optimizer(model, lr): the local optimizer.
         train_step(model, idx, B): forward + backward on sample indices
@@ -118,7 +118,6 @@ def run_grid(args, *, name: str, make_model, make_optimizer, train_step, evaluat
         n_train: number of training samples (windows).
         clip: clip the averaged gradient to this global norm (None: no).
     """
-    device = setup(args)
     comm = autotune.init()
     rank, P = comm.rank, comm.size
     torch.set_num_threads(1)
@@ -213,7 +212,7 @@ def run_grid(args, *, name: str, make_model, make_optimizer, train_step, evaluat
         "machine": platform.platform(), "torch": torch.__version__,
         "device": (torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"),
         "backend": getattr(comm, "backend", "mpi"),
-        "config": {k: v for k, v in vars(args).items() if k not in ("out", "quiet", "_torch_device")},
+        "config": {k: v for k, v in vars(args).items() if k not in ("out", "quiet")},
         "steps_per_epoch": steps_per_epoch, "data": data_info, "runs": runs,
     }
     if rank == 0 and args.out:

@@ -67,7 +67,8 @@ def main(argv=None):
                 "test_acc": float((out.argmax(1) == y).sum()),
                 "test_loss": float(F.cross_entropy(out, y, reduction="sum"))}
 
-    run_grid(args, name="digits_cnn", make_model=lambda: make_model(args.width),
+    run_grid(args, device=device, name="digits_cnn",
+             make_model=lambda: make_model(args.width),
              make_optimizer=lambda m, lr: torch.optim.SGD(m.parameters(), lr=lr,
                                                           momentum=args.momentum),
              clip=args.clip,

@@ -112,7 +112,8 @@ def main(argv=None):
             return torch.optim.Adam(m.parameters(), lr=lr)
         return torch.optim.SGD(m.parameters(), lr=lr, momentum=args.momentum)
 
-    run_grid(args, name="lstm_lm", make_model=lambda: CharLSTM(V, hidden=args.hidden),
+    run_grid(args, device=device, name="lstm_lm",
+             make_model=lambda: CharLSTM(V, hidden=args.hidden),
              make_optimizer=make_optimizer, train_step=train_step, evaluate=evaluate,
              n_train=n_win, clip=args.clip,
              data_info={"corpus": "Python standard library sources (sysconfig stdlib path)",
