@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import shlex
 import subprocess
@@ -231,7 +230,7 @@ def run_suite(name: str, args, storage: Path, workdir: Path, ratios: dict | None
 def _parse_fail(expr: str) -> tuple[str, float]:
     m = re.fullmatch(r"(min|max|mean|median):(\d+(?:\.\d+)?)%", expr)
     if not m:
-        raise ToolError(f"--fail {expr!r}: only STAT:PCT% (STAT = min, mean, median) is "
+        raise ToolError(f"--fail {expr!r}: only STAT:PCT% (STAT = min, max, mean, median) is "
                         "supported for the collective suites")
     return m.group(1), float(m.group(2))
 
@@ -240,10 +239,7 @@ def inflated(suite: Suite, ratios: dict) -> list[str]:
     """Benchmarks whose new baseline is slower than a run right after it by more
     than the suite's threshold (recorded during a burst of load): the compare
     would then miss regressions of that size."""
-    m = re.fullmatch(r"(min|max|mean|median):(\d+(?:\.\d+)?)%", suite.fail)
-    if not m:
-        return []
-    stat, pct = m.group(1), float(m.group(2))
+    stat, pct = _parse_fail(suite.fail)
     return [f"{k.split('::', 1)[-1]}: {stat} now/baseline {r[stat]:.2f}"
             for k, r in ratios.items() if stat in r and r[stat] < 1 / (1 + pct / 100)]
 
