@@ -301,6 +301,14 @@ class OkTopk(SparseAllreduce):
         traffic by 0.02-0.03x the lower bound at P = 4..16 and changed the
         captured top-k norm by 0.001 (docs/BENCHMARKS.md).  5/4 is the
         previous behaviour.
+      * ``budget`` (None, or in (reduce_cap, 3]): a hard cap on the whole
+        call's bytes per rank and direction, control messages included, in
+        units of the lower bound 2k(P-1)/P words (for k well above P).
+        None keeps Table 1's 6k(P-1)/P words for the data plus control on
+        top.  A budget is met by keeping fewer global entries (G < k) on the
+        calls where the global top-k falls unevenly over the regions (the
+        balance step would have to move the difference); the entries not
+        kept stay in the residuals.
 
     Example::
 
@@ -313,7 +321,8 @@ class OkTopk(SparseAllreduce):
     def __init__(self, comm, *, tau: int = 64, tau_prime: int = 32,
                  bands: tuple[float, float] = (2 / 3, 5 / 4), scale: float = 1.012,
                  gain: float = 0.1, local_cap: float = 1.0, rebalance: float = 1.05,
-                 window: int = 4, reduce_cap: float = 1.0, **kw):
+                 window: int = 4, reduce_cap: float = 1.0, budget: float | None = None,
+                 **kw):
         lo, hi = bands
         if not (0 < lo <= 1 <= hi):
             raise ValueError(f"bands must satisfy 0 < lo <= 1 <= hi, got {bands!r}")
@@ -329,7 +338,11 @@ class OkTopk(SparseAllreduce):
             raise ValueError(f"window must be >= 1, got {window!r}")
         if not (1.0 <= reduce_cap <= _REDUCE_CAP):
             raise ValueError(f"reduce_cap must be in [1, {_REDUCE_CAP}], got {reduce_cap!r}")
+        if budget is not None and not (reduce_cap < budget <= 3.0):
+            raise ValueError(f"budget must be in (reduce_cap, 3] = ({reduce_cap}, 3] units of "
+                             f"the lower bound 2k(P-1)/P words, got {budget!r}")
         super().__init__(comm, tau=tau, tau_prime=tau_prime, **kw)
+        self.budget = None if budget is None else float(budget)
         self.bands = (float(lo), float(hi))
         self.scale = float(scale)
         self.gain = float(gain)
@@ -346,6 +359,7 @@ class OkTopk(SparseAllreduce):
         xp = kernels.array_module(acc)
         n, k = acc.size, st.k
         Q, B = _budgets(P, k, self.reduce_cap)
+        start = comm.traffic.copy() if self.budget is not None else None
         refresh = st.iteration % st.tau_prime == 0 or st.local_threshold is None
         stats = {"iteration": st.iteration, "refresh": refresh, "Q": Q, "B": B}
 
@@ -436,6 +450,8 @@ class OkTopk(SparseAllreduce):
         # every rank sees the same R: all agree whether boundaries went stale
         if P > 1 and max(R.max(), S.max()) > self.rebalance * max(R.mean(), 1.0):
             self._stale[id(st)] = True
+        if self.budget is not None:
+            B = self._call_budget(comm.traffic.since(start), P, k, Q, acc.itemsize, idx.itemsize)
         G = _fit_global(g, S, R, B, k, P)
         sent, recv, q, blk = _phase2_volume(G, g, S, R, P)
         with comm.phase("select"):
@@ -523,6 +539,17 @@ class OkTopk(SparseAllreduce):
         inner = tot[:P - 1] // tot[P - 1]
         inner = np.maximum.accumulate(np.clip(inner, 0, n))
         return [0] + [int(v) for v in inner] + [n]
+
+    def _call_budget(self, so_far, P: int, k: int, Q: int, itemsize: int, idx_bytes: int) -> int:
+        """Entries the reduce, balance and allgatherv steps may move per rank and
+        direction so that the whole call, the control messages already sent
+        included, stays within ``budget`` x the lower bound (k(P-1)/P entries).
+        The control accounting is rank-independent, so every rank agrees."""
+        ctl = [c for ph, c in so_far.phases.items() if ph.startswith("control:")]
+        ctl = max(sum(c.bytes_sent for c in ctl), sum(c.bytes_recv for c in ctl))
+        entry = itemsize + idx_bytes
+        B = int(self.budget * k * (P - 1) // P) - -(-ctl // entry)
+        return max(B, Q + P)
 
     @staticmethod
     def traffic_bound(n, P, k, itemsize=4):

@@ -3,7 +3,8 @@
 The MPI checks live in tests/mpi/oktopk_checks.py (boundaries identical and
 balanced, exact result at tau' = 1 against a brute-force reference, threshold
 refresh every tau', exact distributed k-th magnitude,
-hot-region and stale-boundary traffic within 6k(P-1)/P words, conservation);
+hot-region and stale-boundary traffic within 6k(P-1)/P words, conservation,
+a traffic budget of 2x the lower bound held on every call);
 pytest launches them for several P.  The conformance suite (identical outputs,
 conservation, traffic_bound on five distributions) covers both algorithms
 like every other one.
@@ -138,6 +139,10 @@ def test_constructor_refuses_bad_parameters():
         OkTopk(Dummy(), window=0)
     with pytest.raises(ValueError, match="local_cap"):
         OkTopk(Dummy(), local_cap=0.5)
+    for bad in (1.0, 0.5, 3.5):
+        with pytest.raises(ValueError, match="budget"):
+            OkTopk(Dummy(), budget=bad)
+    assert OkTopk(Dummy(), budget=2.0).budget == 2.0
 
 
 @pytest.mark.mpi

@@ -130,7 +130,8 @@ def format_table(rows) -> str:
              "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         tp = r["tau_prime"] if r["tau_prime"] else ("32" if r["algorithm"] == "oktopk" else "-")
-        lines.append(f"| {r['algorithm']} | {tp} | {r['capture_mean']:.4f} | "
+        name = r["algorithm"] + ("@" + r["config"].split("@", 1)[1] if "@" in r["config"] else "")
+        lines.append(f"| {name} | {tp} | {r['capture_mean']:.4f} | "
                      f"{r['capture_min']:.4f} | {r['error_mean']:.4f} | {r['held_back']:.2f} | "
                      f"{r.get('repeat', float('nan')):.3f} | "
                      f"{r['nnz_per_k']:.2f} | "

@@ -189,14 +189,18 @@ def case_refresh(rng):
                       f"call {it}: global threshold searched between refreshes")
 
 
-def _run_bounded(algo, xs_fn, iters, density, n, label):
+def _run_bounded(algo, xs_fn, iters, density, n, label, budget=None):
+    """Run ``iters`` calls; check identical outputs, the payload and total
+    bounds, the reduce quota, conservation, and (``budget``) that every call's
+    total bytes stay within budget x 2k(P-1)/P words.  Returns the largest
+    owner load per call and the global entries kept per call."""
     k = kernels.k_from_density(n, density)
     words = 6 * k * (P - 1) / P
     Q, _ = _budgets(P, k)
     cum_in = np.zeros(n)
     cum_out = np.zeros(n)
     cum_abs = np.zeros(n)
-    owner_max = []
+    owner_max, kept = [], []
     for it in range(iters):
         x = xs_fn(it)
         out = algo(x, name="t", density=density)
@@ -210,6 +214,12 @@ def _run_bounded(algo, xs_fn, iters, density, n, label):
         bound = OkTopk.traffic_bound(n, P, k, 4)
         check(tot.bytes_sent <= bound and tot.bytes_recv <= bound,
               f"{label} it {it}: total {tot.bytes_sent}/{tot.bytes_recv} > traffic_bound {bound}")
+        if budget is not None:
+            cap = budget * 2 * k * (P - 1) / P * 4
+            check(tot.bytes_sent <= cap and tot.bytes_recv <= cap,
+                  f"{label} it {it}: total {tot.bytes_sent}/{tot.bytes_recv} B > "
+                  f"budget {budget} x lower bound = {cap:.0f} B")
+        kept.append(int(np.count_nonzero(out)))
         owner_max.append(max(algo.last_stats["reduce_recv"]))
         check(owner_max[-1] <= Q, f"{label} it {it}: an owner received {owner_max[-1]} > Q={Q}")
         cum_in += x
@@ -219,7 +229,7 @@ def _run_bounded(algo, xs_fn, iters, density, n, label):
     rhs = sum64(cum_in)
     tol = 16 * iters * P * np.finfo(np.float32).eps * sum64(cum_abs) + 1e-30
     check(bool((np.abs(lhs - rhs) <= tol).all()), f"{label}: conservation broken")
-    return owner_max
+    return owner_max, kept
 
 
 def case_hot(rng):
@@ -248,16 +258,44 @@ def case_stale(rng):
         x[lo:lo + width] = rng.standard_normal(width) * 10
         return x
 
-    owner_max = _run_bounded(algo, xs, 8, density, n, "stale")
+    owner_max, _ = _run_bounded(algo, xs, 8, density, n, "stale")
     if P > 1:
         # the jump sends everyone's values to the last region's owner: the quota must bite
         Q = _budgets(P, kernels.k_from_density(n, density), algo.reduce_cap)[0]
         check(max(owner_max[1:]) == Q, f"quota never reached (Q={Q}): {owner_max}")
 
 
+def case_budget(rng):
+    """budget = 2.0: no call moves more than twice the lower bound, control
+    included, on heavy-tailed drifting data and on a hot region; on the hot
+    region the budget must cut the global entries below k (so it binds)."""
+    comm = MPICommunicator(WORLD)
+    n, density = 1 << 16, 0.01
+    k = kernels.k_from_density(n, density)
+    shared = np.random.default_rng(12345)          # the drifting signal, same on every rank
+    signal = shared.standard_t(2, n) * np.exp(shared.normal(0, 1, 16)).repeat(n // 16)
+
+    def drifting(it):
+        signal[:] = 0.97 * signal + 0.24 * shared.standard_t(2, n)
+        return (0.7 * signal + rng.standard_t(2, n)).astype(np.float32)
+
+    lo, hi = n // 3, n // 3 + n // 10
+
+    def hot(it):
+        x = rng.standard_normal(n).astype(np.float32) * 1e-3
+        x[lo:hi] = rng.standard_normal(hi - lo) * 10
+        return x
+
+    for label, xs in (("drifting", drifting), ("hot", hot)):
+        algo = OkTopk(comm, budget=2.0)
+        _, kept = _run_bounded(algo, xs, 24, density, n, f"budget {label}", budget=2.0)
+        if P > 1 and label == "hot":
+            check(min(kept[1:]) < k, f"budget never bound on the hot region: kept {kept}")
+
+
 CASES = {"global-kth": case_global_kth, "boundaries": case_boundaries, "exact": case_exact, "reduce-cap": case_reduce_cap,
          "refresh": case_refresh,
-         "hot": case_hot, "stale": case_stale}
+         "hot": case_hot, "stale": case_stale, "budget": case_budget}
 
 
 def main(argv=None) -> int:
