@@ -106,6 +106,11 @@ class HookState:
             size, so a residual left from a sparse first iteration would be
             orphaned.
         prefix: tensor-name prefix (one per model in a process).
+        momentum: momentum correction (``autotune.training``): the hook
+            sends each bucket's velocity; the optimizer must then run
+            without momentum.
+        density_warmup: steps of falling density after the dense warm-up
+            (``autotune.training.SparseSGD``).
 
     ``sgd`` is the underlying ``autotune.training.SparseSGD`` (its
     statistics: steps, bytes sent, seconds in communication).
@@ -114,9 +119,11 @@ class HookState:
     __slots__ = ("sgd",)
 
     def __init__(self, *, algorithm: str = "auto", density: float | None = None,
-                 warmup_steps: int = 1, prefix: str = "ddp"):
+                 warmup_steps: int = 1, prefix: str = "ddp", momentum: float = 0.0,
+                 density_warmup: int = 0):
         self.sgd = SparseSGD(algorithm=algorithm, density=density,
-                             warmup_steps=warmup_steps, flat=True, prefix=prefix)
+                             warmup_steps=warmup_steps, flat=True, prefix=prefix,
+                             momentum=momentum, density_warmup=density_warmup)
 
 
 def allreduce_hook(state: HookState, bucket) -> torch.futures.Future[torch.Tensor]:
@@ -182,7 +189,8 @@ class _DistributedOptimizer:
 
 def DistributedOptimizer(optimizer, named_parameters=None, *, algorithm: str = "auto",
                          density: float | None = None, flat: bool = True,
-                         warmup_steps: int = 0, prefix: str = "opt"):
+                         warmup_steps: int = 0, prefix: str = "opt", momentum: float = 0.0,
+                         density_warmup: int = 0):
     """Wrap ``optimizer`` so that ``step()`` first averages gradients over the ranks.
 
     For training launched with ``mpiexec`` without ``torch.distributed``
@@ -202,6 +210,14 @@ def DistributedOptimizer(optimizer, named_parameters=None, *, algorithm: str = "
             Ok-Topk reference code) or one allreduce per parameter.
         warmup_steps: steps reduced densely first.
         prefix: tensor-name prefix (one per optimizer in a process).
+        momentum: momentum correction (Deep Gradient Compression; see
+            ``autotune.training``): the momentum factor, applied to each
+            rank's gradient *before* the sparse allreduce, with the sent
+            coordinates' momentum masked.  The wrapped optimizer must then
+            have no momentum of its own, e.g. ``SGD(params, lr, momentum=0)``
+            wrapped with ``momentum=0.9``.
+        density_warmup: steps over which the density falls from 1/4 to
+            ``density`` after the dense warm-up (``SparseSGD``).
 
     Returns:
         the wrapped optimizer; ``.sparse_sgd`` is its
@@ -210,10 +226,15 @@ def DistributedOptimizer(optimizer, named_parameters=None, *, algorithm: str = "
 
     Raises:
         ValueError: a parameter of the optimizer missing from
-            ``named_parameters``, or duplicate names.
+            ``named_parameters``, duplicate names, or momentum correction
+            around an optimizer that has momentum itself.
     """
     if isinstance(optimizer, _DistributedOptimizer):
         raise ValueError("optimizer is already a DistributedOptimizer")
+    if momentum and any(g.get("momentum", 0) or g.get("betas") for g in optimizer.param_groups):
+        raise ValueError(f"momentum correction (momentum={momentum}) keeps the velocity "
+                         "before the allreduce; the wrapped optimizer must not add its own: "
+                         "use torch.optim.SGD(..., momentum=0)")
     params = [p for g in optimizer.param_groups for p in g["params"]]
     if named_parameters is None:
         names = {id(p): f"param{i}" for i, p in enumerate(params)}
@@ -234,7 +255,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, *, algorithm: str = "
     new._autotune_names = names
     new._autotune_synchronized = False
     new.sparse_sgd = SparseSGD(algorithm=algorithm, density=density,
-                               warmup_steps=warmup_steps, flat=flat, prefix=prefix)
+                               warmup_steps=warmup_steps, flat=flat, prefix=prefix,
+                               momentum=momentum, density_warmup=density_warmup)
     return new
 
 

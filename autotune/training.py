@@ -20,6 +20,19 @@ folds the learning rate into the accumulation, ``eps + lr * G``; with a
 constant learning rate the two agree up to the factor lr on the residual,
 with a schedule the residual here is re-scaled by the current rate.)
 
+Momentum correction (Lin et al., "Deep Gradient Compression", ICLR'18),
+``momentum=m > 0``: with a sparse allreduce, momentum applied *after* the
+reduction (by the framework's optimizer) only ever sees the few coordinates
+that were sent, and the residual accumulates raw gradients, so the update
+that finally leaves a residual lacks the momentum it would have had.  Here
+each rank keeps a velocity per tensor instead, ``u = m * u + G_t``, and the
+velocity is what is sent (error feedback accumulates velocities); after a
+lossy step the velocity is zeroed where the result is non-zero (momentum
+factor masking: that momentum has been applied).  The optimizer then must
+not add momentum of its own (``torch.optim.SGD(..., momentum=0)``).  During
+dense steps this is exactly momentum SGD (the average of the velocities is
+the velocity of the average), so warm-up is unchanged.
+
 Two layouts:
   * ``flat=True`` (the reference implementation's choice, and the default):
     all gradients of one dtype are packed into one flat buffer and reduced
@@ -56,17 +69,22 @@ import kernels
 from collectives import ALGORITHMS
 
 from . import dispatch
+from ._convert import as_array
 
-__all__ = ["SparseSGD"]
+__all__ = ["SparseSGD", "WARMUP_DENSITY"]
+
+#: where a density warm-up starts (Deep Gradient Compression's first stage)
+WARMUP_DENSITY = 0.25
 
 
 class SparseSGD:
     """Per-model state of sparse data-parallel SGD (Algorithm 2 of Ok-Topk).
 
     Fields, grouped as in PyTorch's PowerSGDState:
-      tuned:      algorithm, density, warmup_steps, flat
+      tuned:      algorithm, density, warmup_steps, density_warmup, flat, momentum
       internal:   prefix, step (optimizer steps done), _buffers (flat
-                  buffers and their layout, per dtype)
+                  buffers and their layout, per dtype), _velocity (per
+                  tensor name, with momentum correction)
       statistics: dense_steps, sparse_steps, comm_seconds (wall time inside
                   the allreduces), bytes_sent (by this rank in them, control
                   messages included), last_algorithm (what ``auto`` resolved to)
@@ -80,27 +98,36 @@ class SparseSGD:
             Gradients change fastest at the start; sending them whole then
             keeps the sparse run close to the dense one, and no residual
             builds up while the loss falls steeply.
+        density_warmup: after the dense warm-up, steps over which the
+            density falls geometrically from ``WARMUP_DENSITY`` (1/4) to
+            ``density`` (Deep Gradient Compression's warm-up: 75%, 94%, ...
+            sparsity), so the sparse phase does not start at full sparsity.
+            Needs an explicit ``density``.
         flat: reduce all gradients of one dtype as one flat buffer (True) or
             each gradient on its own (False).
         prefix: prepended to every tensor name, so that two models (or two
             runs) in one process keep separate residuals.
+        momentum: momentum correction (module docstring): 0 (off, the
+            default) or the momentum factor in (0, 1); the caller's optimizer
+            must then run without momentum.
 
     Raises:
         ValueError: unknown algorithm, density outside (0, 1], negative
-            warm-up.
+            warm-up, momentum outside [0, 1).
     """
 
     __slots__ = (
         # tuned
-        "algorithm", "density", "warmup_steps", "flat",
+        "algorithm", "density", "warmup_steps", "density_warmup", "flat", "momentum",
         # internal
-        "prefix", "step", "_buffers",
+        "prefix", "step", "_buffers", "_velocity",
         # statistics
         "dense_steps", "sparse_steps", "comm_seconds", "bytes_sent", "last_algorithm",
     )
 
     def __init__(self, *, algorithm: str = "auto", density: float | None = None,
-                 warmup_steps: int = 0, flat: bool = True, prefix: str = "grad"):
+                 warmup_steps: int = 0, flat: bool = True, prefix: str = "grad",
+                 momentum: float = 0.0, density_warmup: int = 0):
         if algorithm != "auto" and algorithm not in ALGORITHMS:
             raise ValueError(f"unknown algorithm {algorithm!r}; registered: "
                              f"{sorted(ALGORITHMS)} or 'auto'")
@@ -108,13 +135,21 @@ class SparseSGD:
             raise ValueError(f"density must be in (0, 1], got {density!r}")
         if int(warmup_steps) < 0:
             raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps!r}")
+        if int(density_warmup) < 0 or (density_warmup and density is None):
+            raise ValueError(f"density_warmup must be >= 0 and needs an explicit density, "
+                             f"got {density_warmup!r} with density={density!r}")
+        if not (0.0 <= float(momentum) < 1.0):
+            raise ValueError(f"momentum must be in [0, 1), got {momentum!r}")
         self.algorithm = algorithm
         self.density = density
         self.warmup_steps = int(warmup_steps)
+        self.density_warmup = int(density_warmup)
         self.flat = bool(flat)
+        self.momentum = float(momentum)
         self.prefix = prefix
         self.step = 0
         self._buffers: dict = {}
+        self._velocity: dict = {}
         self.dense_steps = 0
         self.sparse_steps = 0
         self.comm_seconds = 0.0
@@ -127,6 +162,17 @@ class SparseSGD:
         """The algorithm this step uses: ``dense`` during warm-up."""
         return "dense" if self.step < self.warmup_steps else self.algorithm
 
+    @property
+    def current_density(self) -> float | None:
+        """The density this step's sparse algorithm uses (``density`` once the
+        density warm-up is over)."""
+        t = self.step - self.warmup_steps
+        if (self.density is None or not self.density_warmup or t >= self.density_warmup
+                or self.density >= WARMUP_DENSITY):
+            return self.density
+        f = max(t, 0) / self.density_warmup
+        return WARMUP_DENSITY ** (1.0 - f) * self.density ** f
+
     def allreduce(self, tensor, key: str):
         """Average one tensor over all ranks under the name ``prefix.key``.
 
@@ -135,19 +181,39 @@ class SparseSGD:
 
         Returns:
             the average over ranks, of the input's type and shape (a new
-            tensor; the input is not modified).
+            tensor; the input is not modified).  With momentum correction,
+            the average of the ranks' velocities (what the step applies).
         """
         algorithm = self.current_algorithm
         name = f"{self.prefix}.{key}"
         comm = dispatch.init()  # MPI start-up is not communication time
+        send = self._accumulate(tensor, name) if self.momentum else tensor
         before = comm.traffic.total().bytes_sent
         t0 = time.perf_counter()
-        out = dispatch.allreduce(tensor, name=name, algorithm=algorithm,
-                                 density=self.density, op="mean")
+        out = dispatch.allreduce(send, name=name, algorithm=algorithm,
+                                 density=self.current_density, op="mean")
         self.comm_seconds += time.perf_counter() - t0
         self.bytes_sent += comm.traffic.total().bytes_sent - before
         self.last_algorithm = _resolved(algorithm, name)
+        if self.momentum and ALGORITHMS[self.last_algorithm].lossy:
+            # momentum factor masking: what reached the result has been applied
+            u = self._velocity[name]
+            u[as_array(out)[0].reshape(u.shape) != 0] = 0
         return out
+
+    def _accumulate(self, tensor, name: str):
+        """u = momentum * u + tensor for ``name``'s velocity; returns u (the
+        caller's type: a torch tensor gets a torch view of it)."""
+        arr, back = as_array(tensor)
+        u = self._velocity.get(name)
+        if u is None or u.shape != arr.shape or u.dtype != arr.dtype:
+            if u is not None:
+                raise ValueError(f"{name!r}: shape or dtype changed under momentum "
+                                 f"correction ({u.shape} {u.dtype} -> {arr.shape} {arr.dtype})")
+            u = self._velocity[name] = kernels.array_module(arr).zeros_like(arr)
+        u *= self.momentum
+        u += arr
+        return back.back(u)
 
     def advance(self) -> None:
         """Count one optimizer step (warm-up and statistics follow it)."""
@@ -219,7 +285,9 @@ class SparseSGD:
 
     def __repr__(self) -> str:
         return (f"SparseSGD(algorithm={self.algorithm!r}, density={self.density!r}, "
-                f"warmup_steps={self.warmup_steps}, flat={self.flat}, step={self.step})")
+                f"warmup_steps={self.warmup_steps}, density_warmup={self.density_warmup}, "
+                f"flat={self.flat}, "
+                f"momentum={self.momentum}, step={self.step})")
 
 
 def _resolved(algorithm: str, name: str) -> str:

@@ -38,6 +38,13 @@ def parser(description: str, *, epochs: int, batch_size: int, lr: float,
                    help="learning rate over the run: cosine decay to 0, or constant")
     p.add_argument("--warmup-steps", type=int, default=warmup_steps,
                    help="dense steps before the sparse algorithm takes over")
+    p.add_argument("--density-warmup", type=int, default=0,
+                   help="steps after the dense warm-up over which the density falls "
+                        "geometrically from 1/4 to --density (Deep Gradient Compression)")
+    p.add_argument("--momentum-correction", action="store_true",
+                   help="keep the optimizer's momentum before the allreduce, per rank, with the "
+                        "sent coordinates masked (Deep Gradient Compression); gradients are "
+                        "then clipped on each rank before they are sent")
     p.add_argument("--layout", choices=("flat", "layer"), default="flat",
                    help="one flat buffer for the model (as the Ok-Topk reference) or per layer")
     p.add_argument("--integration", choices=("optimizer", "ddp"), default="optimizer",
@@ -133,22 +140,26 @@ def run_grid(args, *, name: str, device: torch.device, make_model, make_optimize
         torch.manual_seed(seed)
         model = make_model().to(device)
         at.broadcast_parameters(model)
+        local_opt = make_optimizer(model, args.lr)
+        mc = _take_momentum(local_opt) if args.momentum_correction else 0.0
         prefix = f"{name}.{algorithm}.{density}.{seed}.{len(runs)}"
         if args.integration == "ddp":
             from torch.nn.parallel import DistributedDataParallel as DDP
 
             net = DDP(model)
             hook = at.HookState(algorithm=algorithm, density=density,
-                                warmup_steps=max(1, args.warmup_steps), prefix=prefix)
+                                warmup_steps=max(1, args.warmup_steps), prefix=prefix,
+                                momentum=mc, density_warmup=args.density_warmup)
             net.register_comm_hook(hook, at.allreduce_hook)
-            opt = make_optimizer(net, args.lr)
+            opt = local_opt
             sgd = hook.sgd
         else:
             net = model
             opt = at.DistributedOptimizer(
-                make_optimizer(model, args.lr), named_parameters=model.named_parameters(),
+                local_opt, named_parameters=model.named_parameters(),
                 algorithm=algorithm, density=density, flat=args.layout == "flat",
-                warmup_steps=args.warmup_steps, prefix=prefix)
+                warmup_steps=args.warmup_steps, prefix=prefix, momentum=mc,
+                density_warmup=args.density_warmup)
             sgd = opt.sparse_sgd
         sched = None
         if args.schedule == "cosine":
@@ -167,7 +178,7 @@ def run_grid(args, *, name: str, device: torch.device, make_model, make_optimize
                 opt.zero_grad(set_to_none=False)
                 ls, c = train_step(net, idx, args.batch_size)
                 if clip is not None:
-                    if hasattr(opt, "synchronize"):
+                    if hasattr(opt, "synchronize") and not mc:
                         opt.synchronize()  # average first: clip the global gradient
                     torch.nn.utils.clip_grad_norm_(net.parameters(), clip)
                 opt.step()
@@ -219,6 +230,18 @@ def run_grid(args, *, name: str, device: torch.device, make_model, make_optimize
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
     return result
+
+
+def _take_momentum(opt) -> float:
+    """Move an SGD optimizer's momentum out of it (for momentum correction):
+    returns the momentum and sets the optimizer's to 0."""
+    ms = {g.get("momentum") for g in opt.param_groups}
+    if len(ms) != 1 or not isinstance(opt, torch.optim.SGD) or not ms.pop():
+        raise SystemExit("--momentum-correction needs SGD with one momentum > 0 for all groups")
+    m = opt.param_groups[0]["momentum"]
+    for g in opt.param_groups:
+        g["momentum"] = 0.0
+    return float(m)
 
 
 def _gather_obj(comm, obj):

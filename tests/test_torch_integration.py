@@ -68,6 +68,52 @@ def test_sparse_sgd_warmup_then_sparse_conserves_mass(flat):
         np.testing.assert_allclose(total_out[k] + res[k], total_in[k], rtol=1e-5, atol=1e-5)
 
 
+def test_momentum_correction_masks_what_was_sent():
+    """u = m u + g is sent; after a lossy step u is zero exactly where the
+    result is non-zero and unchanged elsewhere; what left the residual is
+    what reached the output (P = 1)."""
+    rng = np.random.default_rng()
+    m = 0.9
+    sgd = SparseSGD(algorithm="topka", density=0.05, momentum=m, prefix="mc.mask")
+    with pytest.raises(ValueError, match="momentum"):
+        SparseSGD(algorithm="topka", momentum=1.0)
+    import autotune
+
+    u = np.zeros(400)
+    for step in range(5):
+        g = rng.standard_normal(400).astype(np.float32)
+        u_sent = m * u + g
+        res_before = (autotune.algorithm_instance("topka").state("mc.mask.x").residual.copy()
+                      if step else np.zeros(400, np.float32))
+        out = sgd.allreduce(g, "x")
+        sgd.advance()
+        res = autotune.algorithm_instance("topka").state("mc.mask.x").residual
+        hit = out != 0
+        assert 0 < hit.sum() <= 20
+        np.testing.assert_allclose(out + res, res_before + u_sent, rtol=1e-5, atol=1e-5)
+        vel = sgd._velocity["mc.mask.x"]
+        assert not vel[hit].any()
+        np.testing.assert_allclose(vel[~hit], u_sent[~hit], rtol=1e-5, atol=1e-6)
+        u = np.where(hit, 0.0, u_sent)
+
+
+def test_density_warmup_falls_geometrically_to_the_density():
+    sgd = SparseSGD(algorithm="topka", density=0.001, warmup_steps=2, density_warmup=4,
+                    prefix="dw")
+    seen = []
+    for _ in range(8):
+        seen.append((sgd.current_algorithm, sgd.current_density))
+        sgd.advance()
+    assert [a for a, _ in seen] == ["dense"] * 2 + ["topka"] * 6
+    d = [x for _, x in seen[2:]]
+    assert d[0] == pytest.approx(0.25) and d[4:] == [0.001, 0.001]
+    ratios = np.array(d[1:5]) / np.array(d[:4])
+    np.testing.assert_allclose(ratios, (0.001 / 0.25) ** 0.25)
+    with pytest.raises(ValueError, match="density_warmup"):
+        SparseSGD(algorithm="topka", density_warmup=3)      # needs an explicit density
+    assert SparseSGD(algorithm="topka", density=0.5, density_warmup=3).current_density == 0.5
+
+
 def test_sparse_sgd_flat_layout_must_not_change():
     sgd = SparseSGD(algorithm="dense", prefix="layout")
     sgd.synchronize([("a", np.ones(3, np.float32))])
@@ -113,6 +159,34 @@ def test_distributed_optimizer_needs_every_parameter_named():
     dup = [("w", p) for p in a.parameters()]
     with pytest.raises(ValueError, match="duplicate"):
         at.DistributedOptimizer(torch.optim.SGD(a.parameters(), lr=0.1), named_parameters=dup)
+
+
+def test_momentum_correction_with_dense_is_momentum_sgd():
+    """Dense steps with momentum correction around plain SGD take exactly the
+    steps of SGD with momentum (P = 1: the average is the input); an optimizer
+    that has momentum itself is refused."""
+    torch = pytest.importorskip("torch")
+    import autotune.torch as at
+
+    torch.manual_seed(0)
+    a = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+    b = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+    b.load_state_dict(a.state_dict())
+    ref = torch.optim.SGD(a.parameters(), lr=0.05, momentum=0.9)
+    with pytest.raises(ValueError, match="momentum=0"):
+        at.DistributedOptimizer(torch.optim.SGD(b.parameters(), lr=0.05, momentum=0.9),
+                                named_parameters=b.named_parameters(), momentum=0.9)
+    opt = at.DistributedOptimizer(torch.optim.SGD(b.parameters(), lr=0.05),
+                                  named_parameters=b.named_parameters(), algorithm="dense",
+                                  momentum=0.9, prefix="mcdense")
+    for _ in range(6):
+        x = torch.randn(5, 6)
+        for model, o in ((a, ref), (b, opt)):
+            o.zero_grad()
+            model(x).square().sum().backward()
+            o.step()
+    for p, q in zip(a.parameters(), b.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)
 
 
 def test_synchronize_then_step_reduces_once():
@@ -167,8 +241,9 @@ def test_distributed_optimizer_keeps_replicas_identical(mpirun, nprocs):
 @pytest.mark.parametrize("example,integration", [("digits_cnn", "optimizer"),
                                                  ("lstm_lm", "ddp")])
 def test_examples_write_curves(tmp_path, example, integration):
-    """The training examples run end to end at P = 2 (a few steps per epoch)
-    and write the curves: per-epoch loss, the metric and wall time."""
+    """The training examples run end to end at P = 2 (a few steps per epoch),
+    with momentum correction and a density warm-up, and write the curves:
+    per-epoch loss, the metric and wall time."""
     pytest.importorskip("torch")
     pytest.importorskip("sklearn")
     import json
@@ -180,6 +255,7 @@ def test_examples_write_curves(tmp_path, example, integration):
     argv = mpiexec_argv(2, [sys.executable, str(root / "examples" / f"{example}.py"),
                             "--algorithm", "gtopk,dense", "--density", "0.05", "--seed", "3",
                             "--epochs", "2", "--max-steps-per-epoch", "3",
+                            "--momentum-correction", "--density-warmup", "2",
                             "--integration", integration, "--out", str(out)])
     p = subprocess.run(argv, env=mpi_env(), capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
