@@ -36,6 +36,19 @@ The kernels, and why they look the way they do:
     measured slower than ``sel_*8`` (docs/BENCHMARKS.md), as were persistent
     grid variants (commit 8493caf; removed: see BENCHMARKS for why).
 
+``sel_local8`` + ``sel_stitch8`` -- threshold selection in two launches.
+    The default for n >= 2^24 (``THRESHOLD_PATH``).  The one-pass kernels
+    wait: a tile is written only after its predecessors' counts arrive, and
+    that chain, not the bytes, set their speed (1.9-2.4x one read).  Here the
+    pass over the data waits for nothing: each block compacts its tile's
+    selected entries, in order, into its own slot of a scratch area (sized
+    from the previous call's count) and stores the tile's count; the stitch
+    then finds each group of up to 32 tiles' output offset with one
+    look-back per group and copies the entries out.  A tile whose entries do
+    not fit its slot is selected again from the input by the stitch, so the
+    result is exact for any data.  1.2-1.9x one read at 2^24..2^28 on an
+    H200 (docs/BENCHMARKS.md, "Two launches").
+
 ``gs_partial`` / ``gs_finish`` / ``gs_count*`` -- Gaussiank's statistics.
     Mean and variance in float64 as NumPy computes them (sum x / n, then
     sum (x - mean)^2 / n: two reads), over a fixed grid and reduced in a
@@ -559,6 +572,168 @@ extern "C" __global__ void __launch_bounds__(SEL_THREADS, MINB) NAME(SEL_ARGS) {
 extern "C" __global__ void __launch_bounds__(SEL_THREADS, MINB) NAME(SEL_ARGS) {    \
     select_tile_staged<J, 0, true, GATHER>(SEL_PASS(dparams[0], dparams[1], dparams[2])); \
 }
+// ---- threshold select in two launches: tile-local compaction, then stitch -----
+// sel_local: block t ranks tile t's selected entries as select_tile does, puts
+//   them in shared memory in index order and, if they fit (at most lcap <=
+//   LOCAL_STAGE), copies them to its own slot scratch[t * lcap ..] with
+//   consecutive threads on consecutive slots; it stores the tile's count.  No
+//   block waits on another, so the launch streams the input like a plain read
+//   (and the stores are whole lines: scattered 4-byte stores of a few entries
+//   per warp cost more than the entries' bytes suggest).
+// sel_stitch: block g takes gsize (<= STITCH_GROUP) consecutive tiles: one warp
+//   scan of their counts, one decoupled look-back per group (the groups' sums
+//   are all known when the launch starts, so walks are short; a look-back per
+//   tile made this launch latency-bound), then the block copies the group's
+//   entries from scratch to consecutive output slots, several loads in flight
+//   per thread.  A tile with more than lcap entries is selected again from the
+//   input by the whole block, its offset now known.  sel_local zeroes the
+//   status words this launch uses.
+// Bytes: read 4n once; the selected entries are written twice and read once.
+#define LOCAL_STAGE 1024
+#define STITCH_GROUP 32
+template <int J>
+__device__ __forceinline__ void local_tile(
+    const float* a, const i64 n, const u32 above_key, const u32 lcap,
+    u32* __restrict__ counts, int* __restrict__ scr_idx, float* __restrict__ scr_val,
+    u64* __restrict__ status, const u32 nstatus)
+{
+    if (threadIdx.x == 0 && blockIdx.x < nstatus) status[blockIdx.x] = 0ull;  // for sel_stitch
+    constexpr int NP = J / 4;
+    __shared__ u32 s_w[SEL_WARPS];
+    __shared__ int s_idx[LOCAL_STAGE];
+    __shared__ float s_val[LOCAL_STAGE];
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const u32 tile = blockIdx.x;
+    const WarpSpan<J, 0> sp(const_cast<float*>(a), nullptr, n, tile, warp);
+    float v[J][4];
+    typename SelMask<J>::T ma, mt;
+    u32 wa, wt, ea[NP], ta[NP], et[NP], tt[NP];
+    tile_load_rank<J, 0, false>(sp.a, sp.b, sp.lim, lane, above_key, 0xffffffffu, v, ma, mt,
+                                ea, ta, et, tt, wa, wt);
+    if (lane == 0) s_w[warp] = wa;
+    __syncthreads();
+    u32 before = 0, total = 0;
+#pragma unroll
+    for (int w = 0; w < SEL_WARPS; ++w) {
+        const u32 c = s_w[w];
+        before += (w < warp) ? c : 0u;
+        total += c;
+    }
+    if (threadIdx.x == 0) counts[tile] = total;
+    if (total > lcap) return;                       // uniform: re-selected by sel_stitch
+    tile_write_direct<J, 0, false, false, true>(    // values kept: nothing re-loaded
+        sp.a, sp.b, nullptr, sp.base, sp.lim, lane, before, 0u, 0u, lcap,
+        v, ma, mt, ea, ta, et, tt, s_idx, s_val);
+    __syncthreads();
+    const i64 dst = (i64)tile * lcap;
+    for (u32 i = threadIdx.x; i < total; i += SEL_THREADS) {
+        scr_idx[dst + i] = s_idx[i];
+        scr_val[dst + i] = s_val[i];
+    }
+}
+
+template <int J, bool KEEP>
+__device__ __forceinline__ void stitch_group(
+    const float* a, const i64 n, const u32 above_key, const u32 lcap, const u32 cap,
+    const u32 ntiles, const u32 gsize, const u32* __restrict__ counts,
+    const int* __restrict__ scr_idx, const float* __restrict__ scr_val,
+    int* __restrict__ out_idx, float* __restrict__ out_val, u64* status)
+{
+    constexpr int NP = J / 4;
+    __shared__ u32 s_cnt[STITCH_GROUP];
+    __shared__ u32 s_rel[STITCH_GROUP];             // first entry of each tile in the group
+    __shared__ u32 s_v[SEL_WARPS];
+    __shared__ u32 s_gp, s_tot;
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const u32 group = blockIdx.x;
+    const u32 t0 = group * gsize;
+    const u32 tend = min(ntiles, t0 + gsize);
+    if (warp == 0) {
+        const u32 c = (t0 + lane < tend) ? counts[t0 + lane] : 0u;
+        const u32 incl = warp_incl_scan(c, lane);      // <= 32 * 8192 = 2^18
+        const u32 agg = __shfl_sync(FULL, incl, 31);
+        u32 pa = 0, pt = 0;
+        if (group == 0) {
+            if (lane == 0) st_publish(&status[0], ST_INC | ((u64)agg << 31));
+        } else {
+            if (lane == 0) st_publish(&status[group], ST_AGG | ((u64)agg << 31));
+            tile_lookback(status, group, lane, pa, pt);
+            if (lane == 0) st_publish(&status[group], ST_INC | ((u64)(pa + agg) << 31));
+        }
+        s_cnt[lane] = c;
+        s_rel[lane] = incl - c;
+        if (lane == 0) { s_gp = pa; s_tot = agg; }
+    }
+    __syncthreads();
+    // The group's entries e = 0 .. total-1 go to out[gp + e] (tile g holds
+    // e in [s_rel[g], s_rel[g] + s_cnt[g])): consecutive threads write
+    // consecutive slots; each thread loads 4 entries before storing them.
+    const u32 gp = s_gp, total = s_tot;
+    for (u32 e0 = threadIdx.x; e0 < total; e0 += 4 * SEL_THREADS) {
+        int vi[4];
+        float vv[4];
+        bool ok[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const u32 e = e0 + u * SEL_THREADS;
+            ok[u] = false;
+            vi[u] = 0;
+            vv[u] = 0.0f;
+            if (e < total) {
+                u32 g = 0;                          // the last tile starting at or before e
+#pragma unroll
+                for (u32 step = 16; step > 0; step >>= 1)
+                    if (g + step < gsize && s_rel[g + step] <= e) g += step;
+                if (s_cnt[g] <= lcap && gp + e < cap) {
+                    const i64 src = (i64)(t0 + g) * lcap + (e - s_rel[g]);
+                    vi[u] = scr_idx[src];
+                    vv[u] = scr_val[src];
+                    ok[u] = true;
+                }
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < 4; ++u)
+            if (ok[u]) { out_idx[gp + e0 + u * SEL_THREADS] = vi[u];
+                         out_val[gp + e0 + u * SEL_THREADS] = vv[u]; }
+    }
+    for (u32 g = 0; t0 + g < tend; ++g) {           // tiles over lcap (uniform branches)
+        if (s_cnt[g] <= lcap) continue;
+        const WarpSpan<J, 0> sp(const_cast<float*>(a), nullptr, n, t0 + g, warp);
+        float v[J][4];
+        typename SelMask<J>::T ma, mt;
+        u32 wa, wt, ea[NP], ta[NP], et[NP], tt[NP];
+        tile_load_rank<J, 0, false>(sp.a, sp.b, sp.lim, lane, above_key, 0xffffffffu, v, ma,
+                                    mt, ea, ta, et, tt, wa, wt);
+        __syncthreads();                            // s_v of the previous tile is read
+        if (lane == 0) s_v[warp] = wa;
+        __syncthreads();
+        u32 before = 0;
+#pragma unroll
+        for (int w = 0; w < SEL_WARPS; ++w) before += (w < warp) ? s_v[w] : 0u;
+        tile_write_direct<J, 0, false, false, KEEP>(
+            sp.a, sp.b, nullptr, sp.base, sp.lim, lane, gp + s_rel[g] + before, 0u, 0u, cap,
+            v, ma, mt, ea, ta, et, tt, out_idx, out_val);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(SEL_THREADS, MINB_THRV8)
+sel_local8(const float* a, const i64 n, const u32 above_key, const u32 lcap,
+           u32* __restrict__ counts, int* __restrict__ scr_idx, float* __restrict__ scr_val,
+           u64* __restrict__ status, const u32 nstatus) {
+    local_tile<8>(a, n, above_key, lcap, counts, scr_idx, scr_val, status, nstatus);
+}
+extern "C" __global__ void __launch_bounds__(SEL_THREADS, MINB_THR8)
+sel_stitch8(const float* a, const i64 n, const u32 above_key, const u32 lcap, const u32 cap,
+            const u32 ntiles, const u32 gsize, const u32* __restrict__ counts,
+            const int* __restrict__ scr_idx, const float* __restrict__ scr_val,
+            int* __restrict__ out_idx, float* __restrict__ out_val, u64* status) {
+    stitch_group<8, false>(a, n, above_key, lcap, cap, ntiles, gsize, counts, scr_idx,
+                           scr_val, out_idx, out_val, status);
+}
+
 DEFINE_SELECT(sel_thr4, 4, 0, false, MINB_THR4)
 DEFINE_SELECT(sel_thr8, 8, 0, false, MINB_THR8)
 DEFINE_SELECT(sel_thr16, 16, 0, false, MINB_THR16)
@@ -866,7 +1041,8 @@ _NAMES = ("sel_ef4", "sel_ef8", "sel_efr4", "sel_efr8", "sel_efs4", "sel_efs8", 
           *(f"{kind}{v}" for kind in ("sel_thr", "sel_topk", "sel_topkx") for v in VARIANTS),
           "tk_hist", "tk_find", "gs_partial", "gs_finish", "gs_count1", "gs_count4",
           "gs_count16", "seg_sum_f32", "seg_sum_f64",
-          "seg_scatter_add_i32", "seg_scatter_add_i64")
+          "seg_scatter_add_i32", "seg_scatter_add_i64",
+          "sel_local8", "sel_stitch8")
 
 # --------------------------------------------------------------------------
 # Compile once per process and device
@@ -1047,6 +1223,94 @@ def _select(name, a, b, in_idx, n, above_key, tie_key, need, dparams, cap,
     return (s >> 31) & 0x7FFFFFFF, s & 0x7FFFFFFF
 
 
+#: Threshold selection (no ties, no error feedback) for n >= LOCAL_MIN_N:
+#: "local" = sel_local8 (tile-local compaction into scratch, no block waits)
+#: then sel_stitch8 (offsets by one look-back per group of tiles, copy out);
+#: "lookback" = one sel_thr* launch (single pass, a look-back per tile), which
+#: smaller inputs always take (one launch instead of two).  "local" measured
+#: faster from n = 2^24 on H100 and H200 (docs/BENCHMARKS.md).
+#: Env: AUTOTUNE_THRESHOLD_PATH.
+THRESHOLD_PATH = os.environ.get("AUTOTUNE_THRESHOLD_PATH", "local")
+THRESHOLD_PATHS = ("lookback", "local")
+LOCAL_MIN_N = 1 << 24
+LOCAL_TILE = SEL_THREADS * 4 * 8
+LOCAL_STAGE = 1024       # the most scratch entries per tile (shared-memory stage)
+STITCH_GROUP = 32        # the most tiles per sel_stitch block
+
+
+def stitch_group(ntiles: int) -> int:
+    """Tiles per sel_stitch block: the fewest (a power of two, at most 32)
+    that fit the launch in one wave of four blocks per SM."""
+    g = 1
+    while g < STITCH_GROUP and -(-ntiles // g) > 4 * _sm_count():
+        g *= 2
+    return g
+
+
+def local_cap(ntiles: int, expected: int) -> int:
+    """Scratch entries per tile for sel_local: twice the expected count per
+    tile plus 64, a multiple of 32, at most LOCAL_STAGE; tiles over it are
+    selected again from the input by sel_stitch."""
+    per = -(-2 * int(expected) // max(1, ntiles)) + 64
+    return min(LOCAL_STAGE, -(-per // 32) * 32)
+
+
+def _select_local(a, n, above_key, cap, out_idx, out_val, lcap, scratch=None, *,
+                  read_total=True, stitch_only=False):
+    """sel_local8 then sel_stitch8 over n entries of ``a``.
+
+    ``scratch``: (counts uint32[ntiles], idx int32[ntiles * lcap],
+    val float32[ntiles * lcap]) or None (taken from cupy's pool).  With
+    With ``stitch_only`` the local pass is skipped (its scratch is reused: a
+    second stitch into a larger output).  Returns (scratch, #selected) when
+    ``read_total`` (this synchronises the stream), else (scratch, None).
+    """
+    fns = _funcs()
+    ntiles = (n + LOCAL_TILE - 1) // LOCAL_TILE
+    stream = cp.cuda.get_current_stream()
+    if scratch is None:
+        scratch = (cp.empty(ntiles, cp.uint32), cp.empty(ntiles * lcap, cp.int32),
+                   cp.empty(ntiles * lcap, cp.float32))
+    counts, s_idx, s_val = scratch
+    gsize = stitch_group(ntiles)
+    ngroups = (ntiles + gsize - 1) // gsize
+    ws = _workspace(ngroups, stream, "select")
+    base = ws.buf.data.ptr
+    if stitch_only:
+        cp.cuda.runtime.memsetAsync(base, 0, ngroups * 8, stream.ptr)
+    else:                                   # sel_local8 zeroes the status words
+        fns["sel_local8"](
+            (ntiles,), (SEL_THREADS,),
+            (a, np.int64(n), np.uint32(above_key), np.uint32(lcap), counts, s_idx, s_val,
+             np.uint64(base), np.uint32(ngroups)))
+    fns["sel_stitch8"](
+        (ngroups,), (SEL_THREADS,),
+        (a, np.int64(n), np.uint32(above_key), np.uint32(lcap), np.uint32(cap),
+         np.uint32(ntiles), np.uint32(gsize), counts, s_idx, s_val, out_idx, out_val,
+         np.uint64(base)))
+    if not read_total:
+        return scratch, None
+    s = int(_read_back(ws, base + (ngroups - 1) * 8, 8, stream)[0])
+    if s >> 62 != 2:
+        raise RuntimeError("stitch kernel left its last tile unfinished (kernel bug)")
+    return scratch, (s >> 31) & 0x7FFFFFFF
+
+
+def _threshold_select_local(x, key, c, expected):
+    n = x.size
+    lcap = local_cap((n + LOCAL_TILE - 1) // LOCAL_TILE, expected)
+    out_idx, out_val = _empty(c, np.int32), _empty(c, np.float32)
+    scratch, total = _select_local(x, n, key, c, out_idx, out_val, lcap)
+    _CAP_HINT[n] = total
+    if total > c:
+        out_idx, out_val = _empty(total, np.int32), _empty(total, np.float32)
+        _, again = _select_local(x, n, key, total, out_idx, out_val, lcap, scratch,
+                                 stitch_only=True)
+        assert again == total
+        return out_idx, out_val
+    return out_idx[:total], out_val[:total]
+
+
 @functools.lru_cache(maxsize=None)
 def _sel_tile(name: str) -> int:
     """Entries per tile of a sel_* kernel: 1024 x its 4 / 8 / 16 float4 per lane."""
@@ -1081,13 +1345,23 @@ def _default_cap(n: int) -> int:
 def threshold_select(x, threshold, *, cap: int | None = None):
     """COO of |x| >= threshold: (int32 indices sorted ascending, values).
 
-    One pass over x.  The output buffer holds ``cap`` entries (default: twice
-    the last count for this size, else n/16); if more are selected the pass
-    is repeated once with the exact size.  Returns views of that buffer.
+    One pass over x (``THRESHOLD_PATH``: two launches for n >= LOCAL_MIN_N,
+    the second over the selected entries only).  The output buffer holds
+    ``cap`` entries (default: twice the last count for this size, else n/16);
+    if more are selected, the entries are written again (the local path
+    re-runs only its stitch) into a buffer of the exact size.  Returns views
+    of that buffer.
     """
     n = x.size
     key = threshold_key(threshold)
     c = n if key == 0 else min(n, cap if cap is not None else _default_cap(n))
+    if THRESHOLD_PATH not in THRESHOLD_PATHS:
+        raise ValueError(f"threshold path {THRESHOLD_PATH!r} not in {THRESHOLD_PATHS} "
+                         "(AUTOTUNE_THRESHOLD_PATH)")
+    if THRESHOLD_PATH == "local" and n >= LOCAL_MIN_N:
+        expected = _CAP_HINT.get(n, c)
+        if 2 * expected <= n // 8:       # scratch would not pay above ~1/16 selected
+            return _threshold_select_local(x, key, c, expected)
     out_idx, out_val = _empty(c, np.int32), _empty(c, np.float32)
     total, _ = _select(_sel_name("sel_thr"), x, None, None, n, key, _NOKEY, 0, None, c,
                        out_idx, out_val)

@@ -46,14 +46,17 @@ def cp(request):
     _cuda.POISON = False
 
 
-#: (plain / top-k variant, EF kernel): the direct writes, the staged ones, and the
-#: later variants (tiles of 16384, values kept in registers)
-WRITE_PATHS = {"direct": ("8", "sel_efr4"), "staged": ("s8", "sel_efs8"),
-               "j16": ("16", "sel_efr4"), "kept": ("v8", "sel_efr4")}
+#: (plain / top-k variant, EF kernel, threshold path): the direct writes, the staged
+#: ones, the later variants (tiles of 16384, values kept in registers), all with the
+#: single-launch threshold selection, and the two-launch threshold selection
+#: (tile-local compaction + stitch) forced at every size
+WRITE_PATHS = {"direct": ("8", "sel_efr4", "lookback"), "staged": ("s8", "sel_efs8", "lookback"),
+               "j16": ("16", "sel_efr4", "lookback"), "kept": ("v8", "sel_efr4", "lookback"),
+               "local": ("8", "sel_efs4", "local")}
 #: the later variants run on fewer sizes (test_select_tile_variants covers
 #: their tile boundaries)
 LATER_SIZES = [1, 4097, 16385, 65537, (1 << 20) + 3]
-PATH_SIZES = [(p, n) for p in ("direct", "staged") for n in SIZES] + \
+PATH_SIZES = [(p, n) for p in ("direct", "staged", "local") for n in SIZES] + \
     [(p, n) for p in ("j16", "kept") for n in LATER_SIZES]
 
 
@@ -67,9 +70,12 @@ def write_path(request, cp, monkeypatch):
 def use_path(path, monkeypatch):
     from kernels import _cuda
 
-    variant, ef = WRITE_PATHS[path]
+    variant, ef, threshold_path = WRITE_PATHS[path]
     monkeypatch.setattr(_cuda, "SELECT_VARIANT", variant)
     monkeypatch.setattr(_cuda, "EF_KERNEL", ef)
+    monkeypatch.setattr(_cuda, "THRESHOLD_PATH", threshold_path)
+    if threshold_path == "local":
+        monkeypatch.setattr(_cuda, "LOCAL_MIN_N", 0)
 
 
 def rng_for(*key):
@@ -260,7 +266,8 @@ def test_sampled_threshold_estimates_density(cp):
 
 def test_large_selection_2_28(cp, monkeypatch):
     """n = 2^28 (1 GiB of float32): threshold and exact top-k at 1%, with the
-    default variant and the tile-16 and values-kept ones."""
+    default variant and the tile-16 and values-kept ones, and the two-launch
+    threshold path."""
     from kernels import _cuda
 
     n = 1 << 28
@@ -275,9 +282,14 @@ def test_large_selection_2_28(cp, monkeypatch):
         assert_same(kernels.topk_select(xg, k), ref, f"topk 2^28 variant {v}")
     del ref
     ref = kernels.threshold_select(x, t)
+    monkeypatch.setattr(_cuda, "THRESHOLD_PATH", "lookback")
     for v in variants:
         monkeypatch.setattr(_cuda, "SELECT_VARIANT", v)
         assert_same(kernels.threshold_select(xg, t), ref, f"threshold 2^28 variant {v}")
+    monkeypatch.setattr(_cuda, "THRESHOLD_PATH", "local")
+    _cuda._CAP_HINT.clear()
+    for _ in range(2):              # first without, then with the count of the last call
+        assert_same(kernels.threshold_select(xg, t), ref, "threshold 2^28 local path")
 
 
 def test_ef_2_26(cp):

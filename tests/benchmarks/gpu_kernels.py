@@ -25,7 +25,8 @@ call's figure includes its launch gaps).  Inputs rotate among enough copies
   read       a read-only kernel over x: 4n bytes, one read of the input (the floor)
   thr        kernels.threshold_select(x, t), t = the exact k-th magnitude, every
              select variant (_cuda.VARIANTS: 4 / 8 / 16 float4 per lane, s = staged,
-             v = values kept in registers, no re-load)
+             v = values kept in registers, no re-load), and the two-launch path
+             "local" (sel_local8 + sel_stitch8; the default from n = 2^23)
   thr_ef     kernels.threshold_select_ef(r, x, t), r zeroed before the call (untimed)
   topk       kernels.topk_select(x, k): exact, sorted indices + values
   kth        the radix select alone (kernels._cuda._radix)
@@ -200,7 +201,7 @@ def run_size(log2n, densities, reps, parts, results, checks, variants, ef_kernel
             _cuda._hist(xs[b], n, hws.data.ptr + 4 * 2048, hws.data.ptr, 20, 11, 4)
         row0["hist1"] = graph_time(hist1, nbuf)
 
-    default_v = _cuda.SELECT_VARIANT
+    default_v, default_path = _cuda.SELECT_VARIANT, _cuda.THRESHOLD_PATH
     for d in densities:
         k = kernels.k_from_density(n, d)
         t = kernels.kth_magnitude(xs[0], k)
@@ -210,16 +211,30 @@ def run_size(log2n, densities, reps, parts, results, checks, variants, ef_kernel
                    ef_kernel=_cuda.EF_KERNEL, variants=list(variants), ef_kernels=list(ef_kernels))
         cap = min(n, 2 * c + 1024)
         oi, ov = cp.empty(cap, cp.int32), cp.empty(cap, cp.float32)
+        sel_variants = list(variants) + ["local"]   # local: the two-launch path
+        row.update(sel_variants=sel_variants, threshold_path=default_path)
+        ntiles = -(-n // _cuda.LOCAL_TILE)
+        lcap = _cuda.local_cap(ntiles, c)
+        scratch = (cp.empty(ntiles, cp.uint32), cp.empty(ntiles * lcap, cp.int32),
+                   cp.empty(ntiles * lcap, cp.float32))
 
         def thr_kernel(v):
+            if v == "local":
+                return graph_time(lambda b: _cuda._select_local(
+                    xs[b], n, key, cap, oi, ov, lcap, scratch, read_total=False), nbuf)
             return graph_time(lambda b: _cuda._select(
                 f"sel_thr{v}", xs[b], None, None, n, key, _cuda._NOKEY, 0, None, cap, oi, ov,
                 read_total=False), nbuf)
 
+        def use(v):
+            """Route kernels.threshold_select through variant v (or the local path)."""
+            _cuda.THRESHOLD_PATH = "local" if v == "local" else "lookback"
+            _cuda.SELECT_VARIANT = default_v if v == "local" else v
+
         if "select" in parts:
-            for v in variants:
+            for v in sel_variants:
                 row[f"thr_k_{v}"] = thr_kernel(v)
-            for v in variants:                              # a second pass: the spread
+            for v in sel_variants:                          # a second pass: the spread
                 row[f"thr_k2_{v}"] = thr_kernel(v)
             for name in ef_kernels:
                 def ef(b, name=name):
@@ -227,17 +242,18 @@ def run_size(log2n, densities, reps, parts, results, checks, variants, ef_kernel
                     _cuda._select(name, res[b], xs[b], None, n, key, _cuda._NOKEY, 0, None,
                                   cap, oi, ov, read_total=False)
                 row[f"ef_k_{name}"] = graph_time(ef, nbuf) - row0["memset_r"]
-            row["thr_k_again"] = thr_kernel(default_v)     # the spread of one figure
+            row["thr_k_again"] = thr_kernel(                # the spread of one figure
+                "local" if default_path == "local" and n >= _cuda.LOCAL_MIN_N else default_v)
             for name in [e for e in ("sel_efr4", "sel_efs4") if e in ef_kernels]:   # and EF
                 row[f"ef_k_again_{name}"] = graph_time(
                     lambda b, name=name: (zero_res(b), _cuda._select(
                         name, res[b], xs[b], None, n, key, _cuda._NOKEY, 0, None, cap, oi, ov,
                         read_total=False)), nbuf) - row0["memset_r"]
-            for v in variants:
-                _cuda.SELECT_VARIANT = v
+            for v in sel_variants:
+                use(v)
                 row[f"thr_call_{v}"] = bench(lambda b: kernels.threshold_select(xs[b], t),
                                              reps, nbuf)[0]
-            _cuda.SELECT_VARIANT = default_v
+            _cuda.SELECT_VARIANT, _cuda.THRESHOLD_PATH = default_v, default_path
             if ef_kernels:
                 row["ef_call"] = bench(lambda b: kernels.threshold_select_ef(res[b], xs[b], t),
                                        reps, nbuf, setup=lambda b: res[b].fill(0))[0]
@@ -399,7 +415,7 @@ def _f(r, key, fmt="{:.4f}"):
 
 
 def fmt_row_short(r):
-    V, E = r["variants"], r["ef_kernels"]
+    V, E = r.get("sel_variants", r["variants"]), r["ef_kernels"]
     v = "/".join(_f(r, f"thr_k_{x}") for x in V)
     v2 = "/".join(_f(r, f"thr_k2_{x}") for x in V)
     e = "/".join(_f(r, f"ef_k_{x}") for x in E)
@@ -422,14 +438,18 @@ def markdown(info, results, sparse, checks, gauss):
     sel = [r for r in results if any(k.startswith("thr_k_") for k in r)]
     if sel:
         r0 = sel[0]
-        V, E = r0["variants"], r0["ef_kernels"]
+        V, E = r0.get("sel_variants", r0["variants"]), r0["ef_kernels"]
         L.append("Threshold selection against the memory floor, every variant in one run. "
                  "ms are medians of CUDA-graph replays (GPU time per launch); x read = time / "
                  "one read of the input (the read-only kernel); variants: 4 / 8 float4 per "
                  "lane (tiles of 4096 / 8192), direct writes after the look-back; s4 / s8 the "
                  "same tiles, selected entries staged in shared memory and copied out in "
-                 "order; 16: tiles of 16384, direct; v8: direct, values kept in registers. "
-                 f"Defaults in this run: {r0['select_variant']}, EF {r0['ef_kernel']}; "
+                 "order; 16: tiles of 16384, direct; v8: direct, values kept in registers; "
+                 "local: two launches, tile-local compaction into scratch then a stitch "
+                 "(offsets by one look-back per group of tiles, copy out). "
+                 f"Defaults in this run: {r0['select_variant']}, threshold path "
+                 f"{r0.get('threshold_path', 'lookback')} (from n = 2^"
+                 f"{_cuda.LOCAL_MIN_N.bit_length() - 1}), EF {r0['ef_kernel']}; "
                  "'2nd' = every variant timed again in a second pass after the first "
                  "(the spread); 'again' = the default once more after the EF kernels. "
                  "EF GB/s = (12n + 8c) / time.")
@@ -511,9 +531,13 @@ def markdown(info, results, sparse, checks, gauss):
 def smoke():
     """Small sizes, every kernel once, checked against numpy (for compute-sanitizer)."""
     rng = np.random.default_rng(int(time.time()))
-    pairs = [(v, EF_KERNELS[i % len(EF_KERNELS)]) for i, v in enumerate(_cuda.VARIANTS)]
-    for n, (variant, ef) in itertools.product((1, 5, 4097, 70_001), pairs):
-        _cuda.SELECT_VARIANT, _cuda.EF_KERNEL = variant, ef
+    pairs = [(v, EF_KERNELS[i % len(EF_KERNELS)], "lookback") for i, v in enumerate(_cuda.VARIANTS)]
+    pairs.append(("8", "sel_efs4", "local"))   # the two-launch threshold path, at every n
+    min_n = _cuda.LOCAL_MIN_N
+    _cuda.LOCAL_MIN_N = 0
+    for n, (variant, ef, path) in itertools.product((1, 5, 4097, 70_001), pairs):
+        _cuda.SELECT_VARIANT, _cuda.EF_KERNEL, _cuda.THRESHOLD_PATH = variant, ef, path
+        _cuda._CAP_HINT.clear()
         x = rng.standard_normal(n).astype(np.float32)
         x[::7] = 1.0
         xg = cp.asarray(x)
@@ -542,7 +566,8 @@ def smoke():
         a, b = kernels.gaussian_select(xg, k, 0.01), kernels.gaussian_select(x, k, 0.01)
         assert np.array_equal(a[0].get(), b[0]) and math.isclose(a[2], b[2], rel_tol=1e-12)
     cp.cuda.runtime.deviceSynchronize()
-    print("smoke: all kernels (every variant) agree with numpy")
+    _cuda.LOCAL_MIN_N = min_n
+    print("smoke: all kernels (every variant, both threshold paths) agree with numpy")
 
 
 def main(argv=None):
