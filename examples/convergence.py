@@ -82,7 +82,10 @@ def table(cells, meta, models, Ps, densities, algorithms) -> str:
                   f"{first['params']} parameters, {cfg['epochs']} epochs x "
                   f"{m['steps_per_epoch']} steps, global batch {cfg['batch_size']}, "
                   f"lr {cfg['lr']}, {cfg['warmup_steps']} dense warm-up steps, "
-                  f"layout {cfg['layout']}; mean ± sd over seeds (n); "
+                  + (f"then {cfg['density_warmup']} steps of density falling from 1/4, "
+                     if cfg.get("density_warmup") else "")
+                  + ("momentum correction, " if cfg.get("momentum_correction") else "")
+                  + f"layout {cfg['layout']}; mean ± sd over seeds (n); "
                   f"Δ = difference of the means to dense"
                   + (" (percentage points)" if higher else " (relative)") + ".", ""]
         head = "| algorithm |" + "".join(f" P={P} d={d:g} |" for P in Ps for d in densities)
@@ -122,19 +125,21 @@ def table(cells, meta, models, Ps, densities, algorithms) -> str:
             return txt
 
         rows(metric_cell)
-        lines += ["", f"Bytes sent per rank per step (rank 0, last epoch) and seconds per epoch "
-                      f"({model}, mean over seeds):", "",
+        lines += ["", f"Bytes sent per rank per step (rank 0; last epoch / whole run, warm-up "
+                      f"included) and seconds per epoch ({model}, mean over seeds):", "",
                   "| algorithm |" + "".join(f" P={P} d={d:g} |" for P in Ps for d in densities),
                   "|---|" + "---|" * (len(Ps) * len(densities))]
         def cost_cell(alg, P, d, rs):
-            per_step = []
+            per_step, whole = [], []
             for r in rs:
                 c = r["curve"]
                 prev = c[-2] if len(c) > 1 else {"bytes_sent": 0, "step": 0}
                 per_step.append((c[-1]["bytes_sent"] - prev["bytes_sent"])
                                 / max(1, c[-1]["step"] - prev["step"]))
+                whole.append(c[-1]["bytes_sent"] / max(1, c[-1]["step"]))
             secs = [r["final"]["wall_s"] / len(r["curve"]) for r in rs]
-            return f" {sum(per_step) / len(per_step) / 1e3:.1f} kB, {sum(secs) / len(secs):.2f} s"
+            return (f" {sum(per_step) / len(per_step) / 1e3:.1f} / "
+                    f"{sum(whole) / len(whole) / 1e3:.1f} kB, {sum(secs) / len(secs):.2f} s")
 
         rows(cost_cell)
         lines.append("")
