@@ -109,6 +109,37 @@ def _decide(comm, key, n: int, name, density) -> Choice:
     return Choice(algorithm, dens, pred, explanation=why)
 
 
+def _key(comm, name, arr):
+    device = "gpu" if type(arr).__module__.startswith("cupy") else "cpu"
+    return (name, tuple(arr.shape), str(arr.dtype), comm.size, device)
+
+
+def resolve(tensor, *, name: str | None = None, density: float | None = None) -> Choice:
+    """What ``allreduce(tensor, name=name, algorithm="auto")`` runs, deciding now
+    (at ``density``) if this tensor has no cached decision yet.
+
+    Collective: every rank calls it, as for ``allreduce``.  The decision is
+    cached per (name, shape, dtype, P, device), not per density: a caller whose
+    density changes from step to step (a density warm-up) resolves once at its
+    target density first, and later calls reuse that algorithm at their own
+    density.
+    """
+    arr, _ = as_array(tensor)
+    comm = init()
+    validate(comm, arr, density=density, tag=name or "")
+    return _resolve_validated(comm, arr, name, density)
+
+
+def _resolve_validated(comm, arr, name, density) -> Choice:
+    key = _key(comm, name, arr)
+    choice = _STATE["choices"].get(key)
+    if choice is None:
+        choice = _STATE["choices"][key] = _decide(comm, key, arr.size, name, density)
+        log.info("autotune: %s %s -> %s (predicted %s s)", name, arr.shape, choice.algorithm,
+                 choice.predicted_s)
+    return choice
+
+
 def allreduce(tensor, *, name: str | None = None, algorithm: str = "auto",
               density: float | None = None, op: str = "sum"):
     """Sum ``tensor`` over all ranks (``op="mean"`` divides by P).
@@ -120,6 +151,8 @@ def allreduce(tensor, *, name: str | None = None, algorithm: str = "auto",
             sparse algorithms, which keep its error-feedback residual.
         algorithm: a name from ``collectives.ALGORITHMS`` or ``"auto"``.
         density: fraction of values a sparse algorithm sends (default 1%).
+            With ``"auto"`` the algorithm is decided at the first call's
+            density and cached; later calls send at their own density.
         op: ``"sum"`` or ``"mean"``.
 
     Returns:
@@ -143,14 +176,11 @@ def allreduce(tensor, *, name: str | None = None, algorithm: str = "auto",
         # reaches the decision broadcast below, or every rank raises
         validate(comm, arr, density=density, tag=name or "")
         validated = True
-        device = "gpu" if type(arr).__module__.startswith("cupy") else "cpu"
-        key = (name, tuple(arr.shape), str(arr.dtype), comm.size, device)
-        choice = _STATE["choices"].get(key)
-        if choice is None:
-            choice = _STATE["choices"][key] = _decide(comm, key, arr.size, name, density)
-            log.info("autotune: %s %s -> %s (predicted %s s)", name, arr.shape, choice.algorithm,
-                     choice.predicted_s)
-        algorithm, density = choice.algorithm, choice.density
+        choice = _resolve_validated(comm, arr, name, density)
+        algorithm = choice.algorithm
+        # the call's density wins over the one the decision was made at (a lossy
+        # choice); an exact choice takes none
+        density = None if choice.density is None else (density or choice.density)
     algo = algorithm_instance(algorithm)
     t0 = time.perf_counter()
     out = algo(arr, name=name, density=density, validated=validated)

@@ -120,7 +120,7 @@ class SparseSGD:
         # tuned
         "algorithm", "density", "warmup_steps", "density_warmup", "flat", "momentum",
         # internal
-        "prefix", "step", "_buffers", "_velocity",
+        "prefix", "step", "_buffers", "_velocity", "_decided",
         # statistics
         "dense_steps", "sparse_steps", "comm_seconds", "bytes_sent", "last_algorithm",
     )
@@ -150,6 +150,7 @@ class SparseSGD:
         self.step = 0
         self._buffers: dict = {}
         self._velocity: dict = {}
+        self._decided: set = set()
         self.dense_steps = 0
         self.sparse_steps = 0
         self.comm_seconds = 0.0
@@ -188,6 +189,10 @@ class SparseSGD:
         name = f"{self.prefix}.{key}"
         comm = dispatch.init()  # MPI start-up is not communication time
         send = self._accumulate(tensor, name) if self.momentum else tensor
+        if algorithm == "auto" and self.density_warmup and name not in self._decided:
+            # decide at the target density, not at the warm-up's first (higher) one
+            dispatch.resolve(send, name=name, density=self.density)
+            self._decided.add(name)
         before = comm.traffic.total().bytes_sent
         t0 = time.perf_counter()
         out = dispatch.allreduce(send, name=name, algorithm=algorithm,

@@ -32,6 +32,23 @@ def main() -> int:
     from collectives import ALGORITHMS
 
     assert unnamed and not any(ALGORITHMS[a].lossy for a in unnamed), unnamed
+    # rank 0 decides from the 1 Gbit/s profile: a named 2^20 tensor goes sparse there
+    key, big = next((k, c) for k, c in autotune.decisions().items() if k[0] == f"w{1 << 20}")
+    assert ALGORITHMS[big.algorithm].lossy, big.algorithm
+    # a later call's density is used, not the one the decision was made at
+    g = rng.standard_normal(1 << 20).astype(np.float32)
+    autotune.allreduce(g, name=key[0], density=0.05)
+    assert autotune.algorithm_instance(big.algorithm).state(key[0]).density == 0.05
+    # SparseSGD with a density warm-up decides at its target density, then follows the schedule
+    from autotune.training import SparseSGD
+
+    sgd = SparseSGD(algorithm="auto", density=0.001, warmup_steps=1, density_warmup=3,
+                    prefix="dw")
+    for _ in range(6):
+        sgd.synchronize([("w", rng.standard_normal(1 << 20).astype(np.float32))])
+    c = autotune.decisions()[("dw.flat.float32", (1 << 20,), "float32", W.size, "cpu")]
+    assert c.density == 0.001, c.density
+    assert autotune.algorithm_instance(c.algorithm).state("dw.flat.float32").density == 0.001
     if W.rank == 0:
         print("dispatch ok:", {k[0]: c.algorithm for k, c in autotune.decisions().items()})
     return 0
