@@ -90,6 +90,7 @@ PLANS = {
 
 _KINDS = ("select", "comm", "reduce", "control", "other")
 _GPU_COMPUTE_EXTRA = (24, 26)  # extra log2 sizes of the compute sweep on a GPU
+_GPU_ALGO_EXTRA = (22, 24)     # extra log2 sizes of the algorithm runs on a GPU
 _BATCH_TARGET_S = 5e-3  # small messages are timed in batches of about this long
 
 
@@ -997,6 +998,10 @@ def run_profile(comm, *, plan_name: str = "quick", device: str = "cpu", network:
     xp, sync = _xp(device)
     if device == "gpu":
         comm.sync_phases = True  # the per-phase split includes the GPU work (as in bench)
+        # up to 2^20 a GPU collective is launch-bound: run the algorithms where the
+        # kernels' cost shows too, so the learned correction covers that regime
+        plan = dict(plan, algo_log2n=list(plan["algo_log2n"])
+                    + [e for e in _GPU_ALGO_EXTRA if e > max(plan["algo_log2n"])])
 
     names = list(ALGORITHMS) if not algorithms else algorithms
     unknown = [a for a in names if a not in ALGORITHMS]
