@@ -21,7 +21,7 @@ step() { echo; echo "=== $* ($(date -u +%H:%M:%S))"; }
 step "machine"
 nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv
 nvidia-smi topo -m 2>/dev/null | head -8
-$PY -c "import cupy, torch, mpi4py, numpy; print('cupy', cupy.__version__, 'torch', torch.__version__, 'mpi4py', mpi4py.__version__, 'numpy', numpy.__version__, 'nccl', cupy.cuda.nccl.get_version())"
+$PY -c "import cupy, torch, mpi4py, numpy; from cupy.cuda import nccl; print('cupy', cupy.__version__, 'torch', torch.__version__, 'mpi4py', mpi4py.__version__, 'numpy', numpy.__version__, 'nccl', nccl.get_version())"
 
 for s in $STAGES; do case $s in
 conf)
