@@ -33,6 +33,7 @@ import atexit
 import hashlib
 import os
 import socket
+import zlib
 
 import numpy as np
 import torch
@@ -102,9 +103,10 @@ class HookState:
         density: fraction of values a sparse algorithm sends.
         warmup_steps: iterations reduced densely first.  Keep it >= 1
             (the default): DDP rebuilds its buckets after the first
-            iteration, and a bucket's residual is keyed by its index and
-            size, so a residual left from a sparse first iteration would be
-            orphaned.
+            iteration, and a bucket's state is keyed by its layout
+            (``allreduce_hook``), so a residual left from a sparse first
+            iteration would be orphaned (with momentum correction, a
+            rebuilt bucket's velocity restarts from zero).
         prefix: tensor-name prefix (one per model in a process).
         momentum: momentum correction (``autotune.training``): the hook
             sends each bucket's velocity; the optimizer must then run
@@ -130,8 +132,12 @@ def allreduce_hook(state: HookState, bucket) -> torch.futures.Future[torch.Tenso
     """DDP communication hook: average each bucket through ``autotune.allreduce``.
 
     Each ``GradBucket``'s flat buffer is one tensor to the allreduce, named
-    ``<prefix>.bucket<index>.n<numel>`` so its error-feedback residual
-    follows it from step to step.  DDP launches buckets in index order on
+    ``<prefix>.bucket<index>.n<numel>.<layout>`` (layout: a checksum of its
+    parameters' shapes in order, the same on every rank) so its
+    error-feedback residual and, with momentum correction, its velocity
+    follow it from step to step; when DDP rebuilds its buckets after the
+    first iteration, a bucket whose parameters changed starts fresh state
+    instead of adding the old state to other coordinates.  DDP launches buckets in index order on
     every rank, so the collectives line up.  The reduction is synchronous:
     the returned future is already completed (with the bucket's buffer,
     overwritten by the average, as the default allreduce hook does).
@@ -141,7 +147,8 @@ def allreduce_hook(state: HookState, bucket) -> torch.futures.Future[torch.Tenso
         ddp.register_comm_hook(HookState(algorithm="oktopk", density=0.01), allreduce_hook)
     """
     buf = bucket.buffer()
-    out = state.sgd.allreduce(buf, f"bucket{bucket.index()}.n{buf.numel()}")
+    layout = zlib.crc32(repr([tuple(p.shape) for p in bucket.parameters()]).encode())
+    out = state.sgd.allreduce(buf, f"bucket{bucket.index()}.n{buf.numel()}.{layout:08x}")
     buf.copy_(out)
     if bucket.is_last():
         state.sgd.advance()
@@ -215,7 +222,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, *, algorithm: str = "
             rank's gradient *before* the sparse allreduce, with the sent
             coordinates' momentum masked.  The wrapped optimizer must then
             have no momentum of its own, e.g. ``SGD(params, lr, momentum=0)``
-            wrapped with ``momentum=0.9``.
+            wrapped with ``momentum=0.9`` (plain heavy-ball momentum; weight
+            decay, if any, is then applied by the optimizer outside it).
         density_warmup: steps over which the density falls from 1/4 to
             ``density`` after the dense warm-up (``SparseSGD``).
 

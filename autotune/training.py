@@ -27,8 +27,10 @@ that were sent, and the residual accumulates raw gradients, so the update
 that finally leaves a residual lacks the momentum it would have had.  Here
 each rank keeps a velocity per tensor instead, ``u = m * u + G_t``, and the
 velocity is what is sent (error feedback accumulates velocities); after a
-lossy step the velocity is zeroed where the result is non-zero (momentum
-factor masking: that momentum has been applied).  The optimizer then must
+lossy step the velocity is zeroed where this rank's accumulated value reached
+the result (the result is non-zero and the rank's residual was emptied
+there: momentum factor masking, that momentum has been applied; Ok-Topk
+keeps a value it did not contribute in the residual, and its momentum).  The optimizer then must
 not add momentum of its own (``torch.optim.SGD(..., momentum=0)``).  During
 dense steps this is exactly momentum SGD (the average of the velocities is
 the velocity of the average), so warm-up is unchanged.
@@ -201,9 +203,11 @@ class SparseSGD:
         self.bytes_sent += comm.traffic.total().bytes_sent - before
         self.last_algorithm = _resolved(algorithm, name)
         if self.momentum and ALGORITHMS[self.last_algorithm].lossy:
-            # momentum factor masking: what reached the result has been applied
+            # momentum factor masking: where this rank's accumulated value reached
+            # the result (its residual is zero there) that momentum has been applied
             u = self._velocity[name]
-            u[as_array(out)[0].reshape(u.shape) != 0] = 0
+            res = dispatch.algorithm_instance(self.last_algorithm).state(name).residual
+            u[(as_array(out)[0].reshape(u.shape) != 0) & (res.reshape(u.shape) == 0)] = 0
         return out
 
     def _accumulate(self, tensor, name: str):

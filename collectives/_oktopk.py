@@ -308,7 +308,9 @@ class OkTopk(SparseAllreduce):
         top.  A budget is met by keeping fewer global entries (G < k) on the
         calls where the global top-k falls unevenly over the regions (the
         balance step would have to move the difference); the entries not
-        kept stay in the residuals.
+        kept stay in the residuals.  It cannot go below Q + P entries (a
+        full reduce step and one allgathered entry), which only binds when
+        k is small next to P or the control messages.
 
     Example::
 
@@ -452,6 +454,7 @@ class OkTopk(SparseAllreduce):
             self._stale[id(st)] = True
         if self.budget is not None:
             B = self._call_budget(comm.traffic.since(start), P, k, Q, acc.itemsize, idx.itemsize)
+            stats["B"] = B
         G = _fit_global(g, S, R, B, k, P)
         sent, recv, q, blk = _phase2_volume(G, g, S, R, P)
         with comm.phase("select"):

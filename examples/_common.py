@@ -43,8 +43,10 @@ def parser(description: str, *, epochs: int, batch_size: int, lr: float,
                         "geometrically from 1/4 to --density (Deep Gradient Compression)")
     p.add_argument("--momentum-correction", action="store_true",
                    help="keep the optimizer's momentum before the allreduce, per rank, with the "
-                        "sent coordinates masked (Deep Gradient Compression); gradients are "
-                        "then clipped on each rank before they are sent")
+                        "sent coordinates masked (Deep Gradient Compression); with "
+                        "--integration optimizer gradients are then clipped on each rank before "
+                        "they are sent (with ddp the hook reduces during backward, so the "
+                        "reduced velocity is clipped)")
     p.add_argument("--layout", choices=("flat", "layer"), default="flat",
                    help="one flat buffer for the model (as the Ok-Topk reference) or per layer")
     p.add_argument("--integration", choices=("optimizer", "ddp"), default="optimizer",
@@ -236,8 +238,10 @@ def _take_momentum(opt) -> float:
     """Move an SGD optimizer's momentum out of it (for momentum correction):
     returns the momentum and sets the optimizer's to 0."""
     ms = {g.get("momentum") for g in opt.param_groups}
-    if len(ms) != 1 or not isinstance(opt, torch.optim.SGD) or not ms.pop():
-        raise SystemExit("--momentum-correction needs SGD with one momentum > 0 for all groups")
+    if (len(ms) != 1 or not isinstance(opt, torch.optim.SGD) or not ms.pop()
+            or any(g.get("nesterov") or g.get("dampening") for g in opt.param_groups)):
+        raise SystemExit("--momentum-correction needs SGD with one momentum > 0 for all groups, "
+                         "no Nesterov, no dampening")
     m = opt.param_groups[0]["momentum"]
     for g in opt.param_groups:
         g["momentum"] = 0.0

@@ -1233,6 +1233,9 @@ def _select(name, a, b, in_idx, n, above_key, tie_key, need, dparams, cap,
 THRESHOLD_PATH = os.environ.get("AUTOTUNE_THRESHOLD_PATH", "local")
 THRESHOLD_PATHS = ("lookback", "local")
 LOCAL_MIN_N = 1 << 24
+#: ... and when the expected count (the previous call's, else the output
+#: capacity) is at most this share of n: the scratch would not pay beyond it
+LOCAL_MAX_SHARE = 1 / 16
 LOCAL_TILE = SEL_THREADS * 4 * 8
 LOCAL_STAGE = 1024       # the most scratch entries per tile (shared-memory stage)
 STITCH_GROUP = 32        # the most tiles per sel_stitch block
@@ -1345,8 +1348,10 @@ def _default_cap(n: int) -> int:
 def threshold_select(x, threshold, *, cap: int | None = None):
     """COO of |x| >= threshold: (int32 indices sorted ascending, values).
 
-    One pass over x (``THRESHOLD_PATH``: two launches for n >= LOCAL_MIN_N,
-    the second over the selected entries only).  The output buffer holds
+    One pass over x (``THRESHOLD_PATH``: two launches for n >= LOCAL_MIN_N
+    when the expected count is at most LOCAL_MAX_SHARE of n, the second over
+    the selected entries only, except tiles whose entries overflow their
+    scratch slot, which it selects again from x).  The output buffer holds
     ``cap`` entries (default: twice the last count for this size, else n/16);
     if more are selected, the entries are written again (the local path
     re-runs only its stitch) into a buffer of the exact size.  Returns views
@@ -1360,7 +1365,7 @@ def threshold_select(x, threshold, *, cap: int | None = None):
                          "(AUTOTUNE_THRESHOLD_PATH)")
     if THRESHOLD_PATH == "local" and n >= LOCAL_MIN_N:
         expected = _CAP_HINT.get(n, c)
-        if 2 * expected <= n // 8:       # scratch would not pay above ~1/16 selected
+        if expected <= LOCAL_MAX_SHARE * n:
             return _threshold_select_local(x, key, c, expected)
     out_idx, out_val = _empty(c, np.int32), _empty(c, np.float32)
     total, _ = _select(_sel_name("sel_thr"), x, None, None, n, key, _NOKEY, 0, None, c,

@@ -74,8 +74,9 @@ def use_path(path, monkeypatch):
     monkeypatch.setattr(_cuda, "SELECT_VARIANT", variant)
     monkeypatch.setattr(_cuda, "EF_KERNEL", ef)
     monkeypatch.setattr(_cuda, "THRESHOLD_PATH", threshold_path)
-    if threshold_path == "local":
+    if threshold_path == "local":                   # at every n and every count
         monkeypatch.setattr(_cuda, "LOCAL_MIN_N", 0)
+        monkeypatch.setattr(_cuda, "LOCAL_MAX_SHARE", 1.0)
 
 
 def rng_for(*key):

@@ -69,9 +69,10 @@ def test_sparse_sgd_warmup_then_sparse_conserves_mass(flat):
 
 
 def test_momentum_correction_masks_what_was_sent():
-    """u = m u + g is sent; after a lossy step u is zero exactly where the
-    result is non-zero and unchanged elsewhere; what left the residual is
-    what reached the output (P = 1)."""
+    """u = m u + g is sent; after a lossy step u is zero exactly where this
+    rank's value reached the result (at P = 1: where the result is non-zero)
+    and unchanged elsewhere; what left the residual is what reached the
+    output."""
     rng = np.random.default_rng()
     m = 0.9
     sgd = SparseSGD(algorithm="topka", density=0.05, momentum=m, prefix="mc.mask")

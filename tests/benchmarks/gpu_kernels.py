@@ -26,7 +26,7 @@ call's figure includes its launch gaps).  Inputs rotate among enough copies
   thr        kernels.threshold_select(x, t), t = the exact k-th magnitude, every
              select variant (_cuda.VARIANTS: 4 / 8 / 16 float4 per lane, s = staged,
              v = values kept in registers, no re-load), and the two-launch path
-             "local" (sel_local8 + sel_stitch8; the default from n = 2^23)
+             "local" (sel_local8 + sel_stitch8; the default from n = 2^24)
   thr_ef     kernels.threshold_select_ef(r, x, t), r zeroed before the call (untimed)
   topk       kernels.topk_select(x, k): exact, sorted indices + values
   kth        the radix select alone (kernels._cuda._radix)
@@ -533,8 +533,8 @@ def smoke():
     rng = np.random.default_rng(int(time.time()))
     pairs = [(v, EF_KERNELS[i % len(EF_KERNELS)], "lookback") for i, v in enumerate(_cuda.VARIANTS)]
     pairs.append(("8", "sel_efs4", "local"))   # the two-launch threshold path, at every n
-    min_n = _cuda.LOCAL_MIN_N
-    _cuda.LOCAL_MIN_N = 0
+    min_n, share = _cuda.LOCAL_MIN_N, _cuda.LOCAL_MAX_SHARE
+    _cuda.LOCAL_MIN_N, _cuda.LOCAL_MAX_SHARE = 0, 1.0   # the local path at every n and count
     for n, (variant, ef, path) in itertools.product((1, 5, 4097, 70_001), pairs):
         _cuda.SELECT_VARIANT, _cuda.EF_KERNEL, _cuda.THRESHOLD_PATH = variant, ef, path
         _cuda._CAP_HINT.clear()
@@ -566,7 +566,7 @@ def smoke():
         a, b = kernels.gaussian_select(xg, k, 0.01), kernels.gaussian_select(x, k, 0.01)
         assert np.array_equal(a[0].get(), b[0]) and math.isclose(a[2], b[2], rel_tol=1e-12)
     cp.cuda.runtime.deviceSynchronize()
-    _cuda.LOCAL_MIN_N = min_n
+    _cuda.LOCAL_MIN_N, _cuda.LOCAL_MAX_SHARE = min_n, share
     print("smoke: all kernels (every variant, both threshold paths) agree with numpy")
 
 
