@@ -64,7 +64,12 @@ def collect(out_dir: Path):
         d = json.loads(f.read_text())
         if "runs" not in d or d.get("example") not in MODELS:
             continue
-        meta.setdefault(d["example"], d)
+        # the recipe shown is a sparse run's (dense and auto ignore the warm-up
+        # options, and their files may come from an earlier grid)
+        if d["example"] not in meta or (
+                meta[d["example"]]["runs"][0]["algorithm"] in DENSITY_FREE
+                and d["runs"][0]["algorithm"] not in DENSITY_FREE):
+            meta[d["example"]] = d
         for r in d["runs"]:
             cells.setdefault((d["example"], d["P"], r["algorithm"], r["density"]), []).append(r)
     return cells, meta
