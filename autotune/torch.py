@@ -137,8 +137,8 @@ def allreduce_hook(state: HookState, bucket) -> torch.futures.Future[torch.Tenso
     error-feedback residual and, with momentum correction, its velocity
     follow it from step to step; when DDP rebuilds its buckets after the
     first iteration, a bucket whose parameters changed starts fresh state
-    instead of adding the old state to other coordinates.  DDP launches buckets in index order on
-    every rank, so the collectives line up.  The reduction is synchronous:
+    instead of adding the old state to other coordinates.  DDP launches
+    buckets in index order on every rank, so the collectives line up.  The reduction is synchronous:
     the returned future is already completed (with the bucket's buffer,
     overwritten by the average, as the default allreduce hook does).
 

@@ -26,14 +26,15 @@ reduction (by the framework's optimizer) only ever sees the few coordinates
 that were sent, and the residual accumulates raw gradients, so the update
 that finally leaves a residual lacks the momentum it would have had.  Here
 each rank keeps a velocity per tensor instead, ``u = m * u + G_t``, and the
-velocity is what is sent (error feedback accumulates velocities); after a
+velocity is what is sent (error feedback accumulates velocities).  After a
 lossy step the velocity is zeroed where this rank's accumulated value reached
-the result (the result is non-zero and the rank's residual was emptied
-there: momentum factor masking, that momentum has been applied; Ok-Topk
-keeps a value it did not contribute in the residual, and its momentum).  The optimizer then must
-not add momentum of its own (``torch.optim.SGD(..., momentum=0)``).  During
-dense steps this is exactly momentum SGD (the average of the velocities is
-the velocity of the average), so warm-up is unchanged.
+the result, i.e. the result is non-zero and the rank's residual was emptied
+there (momentum factor masking: that momentum has been applied; Ok-Topk keeps
+a value the rank did not contribute in its residual, and so its momentum).
+The optimizer then must not add momentum of its own
+(``torch.optim.SGD(..., momentum=0)``).  During dense steps this is exactly
+momentum SGD (the average of the velocities is the velocity of the average),
+so warm-up is unchanged.
 
 Two layouts:
   * ``flat=True`` (the reference implementation's choice, and the default):
@@ -86,7 +87,8 @@ class SparseSGD:
       tuned:      algorithm, density, warmup_steps, density_warmup, flat, momentum
       internal:   prefix, step (optimizer steps done), _buffers (flat
                   buffers and their layout, per dtype), _velocity (per
-                  tensor name, with momentum correction)
+                  tensor name, with momentum correction), _decided (names
+                  whose ``auto`` decision was taken at the target density)
       statistics: dense_steps, sparse_steps, comm_seconds (wall time inside
                   the allreduces), bytes_sent (by this rank in them, control
                   messages included), last_algorithm (what ``auto`` resolved to)
@@ -295,8 +297,7 @@ class SparseSGD:
     def __repr__(self) -> str:
         return (f"SparseSGD(algorithm={self.algorithm!r}, density={self.density!r}, "
                 f"warmup_steps={self.warmup_steps}, density_warmup={self.density_warmup}, "
-                f"flat={self.flat}, "
-                f"momentum={self.momentum}, step={self.step})")
+                f"flat={self.flat}, momentum={self.momentum}, step={self.step})")
 
 
 def _resolved(algorithm: str, name: str) -> str:

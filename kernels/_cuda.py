@@ -1264,7 +1264,7 @@ def _select_local(a, n, above_key, cap, out_idx, out_val, lcap, scratch=None, *,
 
     ``scratch``: (counts uint32[ntiles], idx int32[ntiles * lcap],
     val float32[ntiles * lcap]) or None (taken from cupy's pool).  With
-    With ``stitch_only`` the local pass is skipped (its scratch is reused: a
+    ``stitch_only`` the local pass is skipped (its scratch is reused: a
     second stitch into a larger output).  Returns (scratch, #selected) when
     ``read_total`` (this synchronises the stream), else (scratch, None).
     """
