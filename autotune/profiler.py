@@ -89,6 +89,7 @@ PLANS = {
 }
 
 _KINDS = ("select", "comm", "reduce", "control", "other")
+_COMPUTE_KERNELS = ("topk", "threshold", "reduce", "scatter_add", "stream")
 _GPU_COMPUTE_EXTRA = (24, 26)  # extra log2 sizes of the compute sweep on a GPU
 _GPU_ALGO_EXTRA = (22, 24)     # extra log2 sizes of the algorithm runs on a GPU
 _BATCH_TARGET_S = 5e-3  # small messages are timed in batches of about this long
@@ -708,11 +709,13 @@ def measure_compute(comm, plan, *, device: str, xp, sync, progress, density: flo
                    for _ in range(parts)]
             dense = xp.zeros(4 * n, dtype=np.float32)
             cat_i, cat_v = xp.concatenate(idx), xp.concatenate(val)
+            y, acc = xp.asarray(gradient_like(n, rng)), xp.empty_like(x)
             cases = {
                 "topk": (lambda: kernels.topk_select(x, k), n),
                 "threshold": (lambda: kernels.threshold_select(x, thr), n),
                 "reduce": (lambda: kernels.coo_sum(idx, val, 4 * n), n),
                 "scatter_add": (lambda: kernels.scatter_add(dense, cat_i, cat_v), n),
+                "stream": (lambda: xp.add(x, y, out=acc), n),
             }
             for kernel, (fn, count) in cases.items():
                 times = timeit(fn, warmup=1, repeat=rep, sync=sync)
@@ -725,8 +728,10 @@ def measure_compute(comm, plan, *, device: str, xp, sync, progress, density: flo
            "units": {"topk": "per element of the dense input (density "
                              f"{density})", "threshold": "per element of the dense input",
                      "reduce": "per COO entry merged (coo_sum of 4 sets)",
-                     "scatter_add": "per COO entry added into a dense vector"}}
-    for kernel in ("topk", "threshold", "reduce", "scatter_add"):
+                     "scatter_add": "per COO entry added into a dense vector",
+                     "stream": "per element of acc = r + x (2 reads, 1 write: the "
+                               "error-feedback and output passes' rate)"}}
+    for kernel in _COMPUTE_KERNELS:
         ss = [s for s in samples if s["kernel"] == kernel]
         if ss:
             X = np.array([[1.0, s["n"]] for s in ss])

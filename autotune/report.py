@@ -119,11 +119,11 @@ def segment_lines(prof: Profile) -> list[str]:
 def compute_lines(prof: Profile) -> list[str]:
     c = prof.data["compute"]
     lines = [f"local compute on {c['device']} (t = c0 + c1*n):"]
-    for k in ("topk", "threshold", "reduce", "scatter_add"):
+    for k in ("topk", "threshold", "reduce", "scatter_add", "stream"):
         if k in c:
             unit = c.get("units", {}).get(k, "per element")
             lines.append(f"  {k:12s} c0 {1e6 * c[k]['c0_s']:9.2f} us   c1 "
-                         f"{1e9 * c[k]['c1_s_per_elem']:8.3f} ns/elem   ({unit})")
+                         f"{1e9 * c[k]['c1_s_per_elem']:8.4g} ns/elem   ({unit})")
     return lines
 
 

@@ -70,7 +70,7 @@ def test_profile_under_mpi_has_every_part(measured):
         assert r["P"] == 2 and r["median_s"] > 0 and r["times_s"]
         assert r["bytes_sent_max"] > 0 and r["split_s"]
         assert (r["density"] is None) == (not ALGORITHMS[r["algorithm"]].lossy)
-    for k in ("topk", "threshold", "reduce"):
+    for k in ("topk", "threshold", "reduce", "stream"):
         assert d["compute"][k]["c1_s_per_elem"] > 0
     assert d["xi"]["source"] == "training" and d["xi"]["median"] is not None
     assert 0 <= d["xi"]["median"] < 2

@@ -26,6 +26,59 @@ def test_cost_model_orders_dense_and_sparse_by_network(slow):
     assert costmodel.predict(m, "oktopk", n, P, 0.1) > costmodel.predict(m, "oktopk", n, P, 0.01)
 
 
+def test_overhead_is_recovered_from_runs(slow):
+    """Runs that cost the model's terms plus a known fixed cost per call give
+    that cost back (o0 + o1 (P-1)), and predictions carry it beyond the runs."""
+    import copy
+
+    prof = copy.deepcopy(slow)
+    prof["runs"] = []
+    bare = costmodel.Machine.from_profile(prof)
+    true = {"oktopk": (2e-3, 5e-4), "topka": (3e-4, 1e-4), "dense": (0.0, 0.0)}
+    for algo, (o0, o1) in true.items():
+        for P in (2, 4, 8):
+            for e in (12, 14, 16, 18):
+                t = costmodel.predict(bare, algo, 1 << e, P, 0.01) + o0 + o1 * (P - 1)
+                prof["runs"].append({"algorithm": algo, "n": 1 << e, "P": P, "density": 0.01,
+                                     "times_s": [t], "median_s": t})
+    m = costmodel.Machine.from_profile(prof)
+    for algo, (o0, o1) in true.items():
+        assert m.overhead[algo] == pytest.approx((o0, o1), abs=1e-9)
+    n, P = 1 << 26, 16  # beyond every run
+    assert costmodel.predict(m, "oktopk", n, P, 0.01) == pytest.approx(
+        costmodel.predict(bare, "oktopk", n, P, 0.01) + 2e-3 + 15 * 5e-4)
+
+
+def test_overhead_is_never_negative(slow):
+    """Runs faster than the model (the model over-predicts small sizes) give no
+    negative fixed cost, and a profile without runs has none."""
+    import copy
+
+    prof = copy.deepcopy(slow)
+    bare = costmodel.Machine.from_profile({**prof, "runs": []})
+    assert bare.overhead == {}
+    prof["runs"] = [{"algorithm": "gtopk", "n": 1 << e, "P": P, "density": 0.01, "times_s": [t],
+                     "median_s": t}
+                    for P in (2, 4) for e in (12, 14)
+                    for t in [0.5 * costmodel.predict(bare, "gtopk", 1 << e, P, 0.01)]]
+    assert costmodel.Machine.from_profile(prof).overhead["gtopk"] == (0.0, 0.0)
+
+
+def test_dense_passes_use_the_measured_stream_rate(slow):
+    """With a measured ``stream`` kernel (acc = r + x, 3 streams) each stream
+    costs a third of it; without one, the threshold scan's rate (old profiles)."""
+    import copy
+
+    prof = copy.deepcopy(slow)
+    old = costmodel.Machine.from_profile(prof)
+    n = 1 << 24
+    assert old.dense_passes(n, 4) == pytest.approx(4 * prof["compute"]["threshold"]["c1_s_per_elem"] * n)
+    prof["compute"]["stream"] = {"c0_s": 1e-5, "c1_s_per_elem": 3e-10}
+    new = costmodel.Machine.from_profile(prof)
+    assert new.dense_passes(n, 4) == pytest.approx(4e-10 * n)
+    assert new.dense_passes(n, 3) == pytest.approx(3e-10 * n)
+
+
 def test_selector_is_deterministic(slow):
     a = Selector(slow).choose(1 << 22, 8, 0.01)
     b = Selector(slow).choose(1 << 22, 8, 0.01)
