@@ -123,7 +123,11 @@ class Machine:
             topk=lin("topk"),
             threshold=lin("threshold"),
             reduce=lin("reduce"),
-            stream=lin("stream") if "stream" in comp else None,
+            # the measured stream rate prices the dense passes on GPUs only: on a CPU
+            # it is timed on one rank, mostly in cache, and understates a pass when
+            # ranks share cores (a 2-core shm profile with it picked Ok-Topk over
+            # dense at P = 3, 6: worst regret 2.86 against 2.04 without; BENCHMARKS)
+            stream=lin("stream") if "stream" in comp and comp.get("device") == "gpu" else None,
             label=f"{fp.get('device', '?')}/{fp.get('network', '?')}",
         )
         runs = prof.get("runs") or []
@@ -152,11 +156,11 @@ class Machine:
 
     def dense_passes(self, n: float, streams: int = _EF_STREAMS) -> float:
         """Elementwise work over n elements: ``streams`` full reads or writes,
-        each costed at a third of the profile's measured ``stream`` kernel
-        (acc = r + x: two reads and a write).  Profiles made before that
-        kernel was measured cost each stream at the threshold scan's
-        per-element rate (one read and a compare), which overstates it on a
-        GPU, where the scan also compacts (about 2x on an H200)."""
+        each costed at a third of a GPU profile's measured ``stream`` kernel
+        (acc = r + x: two reads and a write).  CPU profiles, and GPU profiles
+        made before that kernel was measured, cost each stream at the
+        threshold scan's per-element rate (one read and a compare), which
+        overstates it on a GPU, where the scan also compacts (1.5x on an H200)."""
         if self.stream is not None:  # measured: acc = r + x, 3 streams per element
             return streams / 3 * self.stream.c1 * max(n, 0.0)
         return streams * self.threshold.c1 * max(n, 0.0)

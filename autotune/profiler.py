@@ -380,8 +380,9 @@ def fit_primitive(name: str, samples: list[dict], shared_medium: bool) -> dict:
 
 
 def refit_profile(prof: Profile) -> Profile:
-    """Refit every measured primitive from the raw samples stored in ``prof``
-    (no measurement); the held-out flags stored with the samples are kept.
+    """Refit every measured primitive, and the compute kernels, from the raw
+    samples stored in ``prof`` (no measurement); the held-out flags stored
+    with the samples are kept.
     Published profiles have no samples to refit and are refused."""
     if prof.data["source"] != "measured":
         raise ProfilerError(f"{prof.path}: a {prof.data['source']} profile has no measured "
@@ -395,9 +396,12 @@ def refit_profile(prof: Profile) -> Profile:
         keep = {k: v for k, v in rec.items() if k not in _FIT_KEYS}
         data["primitives"][name] = {**keep, **fit_primitive(name, samples,
                                                           bool(rec.get("shared_medium")))}
+    if data["compute"].get("samples"):
+        data["compute"].update(fit_compute(data["compute"]["samples"]))
     data.setdefault("settings", {})["refit"] = {
         "at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "how": "autotune profile --refit: regime-aware fits from the stored raw samples"}
+        "how": "autotune profile --refit: regime-aware fits (and compute fits) from the "
+               "stored raw samples"}
     return Profile(data, prof.path)
 
 
@@ -731,8 +735,25 @@ def measure_compute(comm, plan, *, device: str, xp, sync, progress, density: flo
                      "scatter_add": "per COO entry added into a dense vector",
                      "stream": "per element of acc = r + x (2 reads, 1 write: the "
                                "error-feedback and output passes' rate)"}}
+    rec.update(fit_compute(samples))
+    return rec
+
+
+# The stream kernel is fitted on its largest sizes only: the dense passes it prices
+# matter on large tensors, which do not fit in a CPU's caches (smaller sizes run
+# several times faster from cache and would set the slope).
+_STREAM_FIT_SIZES = 3
+
+
+def fit_compute(samples: list[dict]) -> dict:
+    """Each compute kernel's t = c0 + c1*n fit from its raw samples."""
+    rec = {}
     for kernel in _COMPUTE_KERNELS:
-        ss = [s for s in samples if s["kernel"] == kernel]
+        ss = sorted((s for s in samples if s["kernel"] == kernel), key=lambda s: s["n"])
+        if kernel == "stream":
+            if not ss:
+                continue  # profiles made before the stream kernel was measured
+            ss = ss[-_STREAM_FIT_SIZES:]
         if ss:
             X = np.array([[1.0, s["n"]] for s in ss])
             t = np.array([np.median(s["times_s"]) for s in ss])

@@ -65,18 +65,22 @@ def test_overhead_is_never_negative(slow):
 
 
 def test_dense_passes_use_the_measured_stream_rate(slow):
-    """With a measured ``stream`` kernel (acc = r + x, 3 streams) each stream
-    costs a third of it; without one, the threshold scan's rate (old profiles)."""
+    """With a GPU profile's measured ``stream`` kernel (acc = r + x, 3 streams)
+    each stream costs a third of it; without one, and on a CPU profile, the
+    threshold scan's rate."""
     import copy
 
     prof = copy.deepcopy(slow)
-    old = costmodel.Machine.from_profile(prof)
     n = 1 << 24
-    assert old.dense_passes(n, 4) == pytest.approx(4 * prof["compute"]["threshold"]["c1_s_per_elem"] * n)
+    scan = 4 * prof["compute"]["threshold"]["c1_s_per_elem"] * n
+    assert costmodel.Machine.from_profile(prof).dense_passes(n, 4) == pytest.approx(scan)
     prof["compute"]["stream"] = {"c0_s": 1e-5, "c1_s_per_elem": 3e-10}
-    new = costmodel.Machine.from_profile(prof)
-    assert new.dense_passes(n, 4) == pytest.approx(4e-10 * n)
-    assert new.dense_passes(n, 3) == pytest.approx(3e-10 * n)
+    assert prof["compute"]["device"] == "cpu"
+    assert costmodel.Machine.from_profile(prof).dense_passes(n, 4) == pytest.approx(scan)
+    prof["compute"]["device"] = "gpu"
+    gpu = costmodel.Machine.from_profile(prof)
+    assert gpu.dense_passes(n, 4) == pytest.approx(4e-10 * n)
+    assert gpu.dense_passes(n, 3) == pytest.approx(3e-10 * n)
 
 
 def test_selector_is_deterministic(slow):
