@@ -194,6 +194,15 @@ def _magnitude_select(x, threshold: float):
     return idx, x[idx]
 
 
+def _without(xp, a, lo: int, hi: int):
+    """``a`` less the slice [lo, hi): a view when that slice is at either end."""
+    if lo == 0:
+        return a[hi:]
+    if hi == a.size:
+        return a[:lo]
+    return xp.concatenate([a[:lo], a[hi:]])
+
+
 def _windowed(comm, groups, window: int):
     """Run groups of (kind, peer, buf, tag) transfers, ``window`` groups at a time.
 
@@ -391,10 +400,12 @@ class OkTopk(SparseAllreduce):
             offs = kernels.split_by_bounds(idx, bounds)
             a, b = offs[rank], offs[rank + 1]
             own_i, own_v = idx[a:b], vals[a:b]
-            out_i = xp.concatenate([idx[:a], idx[b:]])
-            out_v = xp.concatenate([vals[:a], vals[b:]])
-            out_i, out_v = kernels.cap_selection(out_i, out_v, Q)  # sender's cap
-            offs = kernels.split_by_bounds(out_i, bounds)
+            out_i, out_v = _without(xp, idx, a, b), _without(xp, vals, a, b)
+            if out_i.size > Q:  # sender's cap
+                out_i, out_v = kernels.cap_selection(out_i, out_v, Q)
+                offs = kernels.split_by_bounds(out_i, bounds)
+            else:  # the same entries less the own region: offsets past it shift down
+                offs = offs[:rank + 1] + [o - (b - a) for o in offs[rank + 1:]]
             want = np.array([offs[j + 1] - offs[j] for j in range(P)], dtype=np.int64)
         with comm.phase("control:counts"):
             incoming = comm.alltoall_ints(want)
@@ -485,11 +496,11 @@ class OkTopk(SparseAllreduce):
         with comm.phase("reduce"):
             out = xp.zeros(n, dtype=acc.dtype)
             out[all_i] = all_v
-            # 6. residuals: zero only what this rank contributed to the result
-            hit = xp.zeros(n, dtype=bool)
-            hit[all_i] = True
+            # 6. residuals: zero only what this rank contributed to the result.  The
+            # result's values are never 0 (selections skip zeros), so out != 0 marks
+            # its indices: no index mask, no data-dependent compaction (a host sync).
             mine = xp.concatenate([own_i] + [send_i[j] for j in range(P) if j != rank])
-            acc[mine[hit[mine]]] = 0
+            acc[mine] = xp.where(out[mine] != 0, acc.dtype.type(0), acc[mine])
         st.selected_global = G
         stats.update(global_candidates=total, G=G, g=g.tolist(), q=q.tolist(),
                      blocks=blk.tolist(), reduce_sent=S.tolist(), reduce_recv=R.tolist(),
