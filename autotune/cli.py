@@ -190,6 +190,8 @@ def main(argv=None) -> int:
               f"(guard xi <= {xi_max}, tau' <= {args.tau_prime_max}; "
               f"{'feasible' if r.feasible else 'NO feasible trial: best infeasible shown'}, "
               f"{r.trials} trials)")
+        print(f"use: autotune.allreduce(tensor, name=..., algorithm={args.algorithm!r}, "
+              f"density={r.density:.5f}, tau_prime={r.tau_prime}, tau={r.tau})")
         return 0
     parser.error(f"unknown command {args.command}")
     return 2

@@ -141,7 +141,8 @@ def _resolve_validated(comm, arr, name, density) -> Choice:
 
 
 def allreduce(tensor, *, name: str | None = None, algorithm: str = "auto",
-              density: float | None = None, op: str = "sum"):
+              density: float | None = None, op: str = "sum", tau_prime: int | None = None,
+              tau: int | None = None):
     """Sum ``tensor`` over all ranks (``op="mean"`` divides by P).
 
     Args:
@@ -154,6 +155,11 @@ def allreduce(tensor, *, name: str | None = None, algorithm: str = "auto",
             With ``"auto"`` the algorithm is decided at the first call's
             density and cached; later calls send at their own density.
         op: ``"sum"`` or ``"mean"``.
+        tau_prime, tau: a sparse algorithm's threshold and region-boundary
+            refresh intervals for this tensor from this call on (default: the
+            algorithm's, 32 and 64), e.g. from ``autotune tune``; exact
+            algorithms ignore them.  Like the density, they must agree across
+            ranks (checked).
 
     Returns:
         the reduced tensor, identical on every rank, of the input's type,
@@ -169,12 +175,13 @@ def allreduce(tensor, *, name: str | None = None, algorithm: str = "auto",
         raise ValueError(f"op must be 'sum' or 'mean', got {op!r}")
     arr, adapter = as_array(tensor)
     comm = init()
+    extra = {"tau": tau, "tau_prime": tau_prime}
     validated = False
     choice = None
     if algorithm == "auto":
         # validate first (collectively, name included), so that every rank
         # reaches the decision broadcast below, or every rank raises
-        validate(comm, arr, density=density, tag=name or "")
+        validate(comm, arr, density=density, tag=name or "", params=extra)
         validated = True
         choice = _resolve_validated(comm, arr, name, density)
         algorithm = choice.algorithm
@@ -183,7 +190,8 @@ def allreduce(tensor, *, name: str | None = None, algorithm: str = "auto",
         density = None if choice.density is None else (density or choice.density)
     algo = algorithm_instance(algorithm)
     t0 = time.perf_counter()
-    out = algo(arr, name=name, density=density, validated=validated)
+    out = algo(arr, name=name, density=density, validated=validated,
+               **(extra if algo.lossy else {}))
     if choice is not None:
         choice.calls += 1
         dt = time.perf_counter() - t0

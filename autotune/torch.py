@@ -113,6 +113,7 @@ class HookState:
             without momentum.
         density_warmup: steps of falling density after the dense warm-up
             (``autotune.training.SparseSGD``).
+        tau_prime, tau: the sparse algorithm's refresh intervals (``SparseSGD``).
 
     ``sgd`` is the underlying ``autotune.training.SparseSGD`` (its
     statistics: steps, bytes sent, seconds in communication).
@@ -122,10 +123,11 @@ class HookState:
 
     def __init__(self, *, algorithm: str = "auto", density: float | None = None,
                  warmup_steps: int = 1, prefix: str = "ddp", momentum: float = 0.0,
-                 density_warmup: int = 0):
+                 density_warmup: int = 0, tau_prime: int | None = None, tau: int | None = None):
         self.sgd = SparseSGD(algorithm=algorithm, density=density,
                              warmup_steps=warmup_steps, flat=True, prefix=prefix,
-                             momentum=momentum, density_warmup=density_warmup)
+                             momentum=momentum, density_warmup=density_warmup,
+                             tau_prime=tau_prime, tau=tau)
 
 
 def allreduce_hook(state: HookState, bucket) -> torch.futures.Future[torch.Tensor]:
@@ -197,7 +199,8 @@ class _DistributedOptimizer:
 def DistributedOptimizer(optimizer, named_parameters=None, *, algorithm: str = "auto",
                          density: float | None = None, flat: bool = True,
                          warmup_steps: int = 0, prefix: str = "opt", momentum: float = 0.0,
-                         density_warmup: int = 0):
+                         density_warmup: int = 0, tau_prime: int | None = None,
+                         tau: int | None = None):
     """Wrap ``optimizer`` so that ``step()`` first averages gradients over the ranks.
 
     For training launched with ``mpiexec`` without ``torch.distributed``
@@ -226,6 +229,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, *, algorithm: str = "
             decay, if any, is then applied by the optimizer outside it).
         density_warmup: steps over which the density falls from 1/4 to
             ``density`` after the dense warm-up (``SparseSGD``).
+        tau_prime, tau: the sparse algorithm's threshold and region-boundary
+            refresh intervals (``SparseSGD``; None: the algorithm's defaults).
 
     Returns:
         the wrapped optimizer; ``.sparse_sgd`` is its
@@ -264,7 +269,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, *, algorithm: str = "
     new._autotune_synchronized = False
     new.sparse_sgd = SparseSGD(algorithm=algorithm, density=density,
                                warmup_steps=warmup_steps, flat=flat, prefix=prefix,
-                               momentum=momentum, density_warmup=density_warmup)
+                               momentum=momentum, density_warmup=density_warmup,
+                               tau_prime=tau_prime, tau=tau)
     return new
 
 

@@ -84,7 +84,8 @@ class SparseSGD:
     """Per-model state of sparse data-parallel SGD (Algorithm 2 of Ok-Topk).
 
     Fields, grouped as in PyTorch's PowerSGDState:
-      tuned:      algorithm, density, warmup_steps, density_warmup, flat, momentum
+      tuned:      algorithm, density, warmup_steps, density_warmup, flat, momentum,
+                  tau_prime, tau
       internal:   prefix, step (optimizer steps done), _buffers (flat
                   buffers and their layout, per dtype), _velocity (per
                   tensor name, with momentum correction), _decided (names
@@ -114,15 +115,19 @@ class SparseSGD:
         momentum: momentum correction (module docstring): 0 (off, the
             default) or the momentum factor in (0, 1); the caller's optimizer
             must then run without momentum.
+        tau_prime, tau: the sparse algorithm's threshold and region-boundary
+            refresh intervals (None: its defaults, 32 and 64), e.g. from
+            ``autotune tune``; see ``autotune.allreduce``.
 
     Raises:
         ValueError: unknown algorithm, density outside (0, 1], negative
-            warm-up, momentum outside [0, 1).
+            warm-up, momentum outside [0, 1), tau_prime or tau below 1.
     """
 
     __slots__ = (
         # tuned
         "algorithm", "density", "warmup_steps", "density_warmup", "flat", "momentum",
+        "tau_prime", "tau",
         # internal
         "prefix", "step", "_buffers", "_velocity", "_decided",
         # statistics
@@ -131,7 +136,8 @@ class SparseSGD:
 
     def __init__(self, *, algorithm: str = "auto", density: float | None = None,
                  warmup_steps: int = 0, flat: bool = True, prefix: str = "grad",
-                 momentum: float = 0.0, density_warmup: int = 0):
+                 momentum: float = 0.0, density_warmup: int = 0, tau_prime: int | None = None,
+                 tau: int | None = None):
         if algorithm != "auto" and algorithm not in ALGORITHMS:
             raise ValueError(f"unknown algorithm {algorithm!r}; registered: "
                              f"{sorted(ALGORITHMS)} or 'auto'")
@@ -144,7 +150,12 @@ class SparseSGD:
                              f"got {density_warmup!r} with density={density!r}")
         if not (0.0 <= float(momentum) < 1.0):
             raise ValueError(f"momentum must be in [0, 1), got {momentum!r}")
+        for what, v in (("tau_prime", tau_prime), ("tau", tau)):
+            if v is not None and (isinstance(v, bool) or int(v) != v or v < 1):
+                raise ValueError(f"{what} must be an integer >= 1, got {v!r}")
         self.algorithm = algorithm
+        self.tau_prime = tau_prime
+        self.tau = tau
         self.density = density
         self.warmup_steps = int(warmup_steps)
         self.density_warmup = int(density_warmup)
@@ -200,7 +211,8 @@ class SparseSGD:
         before = comm.traffic.total().bytes_sent
         t0 = time.perf_counter()
         out = dispatch.allreduce(send, name=name, algorithm=algorithm,
-                                 density=self.current_density, op="mean")
+                                 density=self.current_density, op="mean",
+                                 tau_prime=self.tau_prime, tau=self.tau)
         self.comm_seconds += time.perf_counter() - t0
         self.bytes_sent += comm.traffic.total().bytes_sent - before
         self.last_algorithm = _resolved(algorithm, name)

@@ -35,6 +35,7 @@ def register(cls):
 
 
 # -- validation ---------------------------------------------------------------
+
 _BAD_DTYPE, _NONCONTIG, _NONFINITE, _EMPTY, _BAD_DENSITY = 1, 2, 4, 8, 16
 _REASONS = {
     _BAD_DTYPE: ("TypeError", "unsupported dtype (supported: float32, float64)"),
@@ -46,20 +47,24 @@ _REASONS = {
 
 
 def validate(comm: Communicator, x, *, density: float | None = None, check_finite: bool = True,
-             tag: str = ""):
+             tag: str = "", params: dict | None = None):
     """Check ``x`` on every rank and agree on the verdict.
 
     One small allgather carries each rank's flags, size, dtype and shape hash,
     so every rank raises the same error (naming the offending ranks) instead
     of some ranks entering a collective the others never reach.
 
-    ``tag`` (e.g. the tensor's name) must also agree across ranks.
+    ``tag`` (e.g. the tensor's name) and the parameters (``density`` and
+    ``params``, e.g. ``{"tau": 64, "tau_prime": 8}``; None values count as
+    unset) must also agree across ranks: ranks selecting different k would
+    exchange messages of different sizes.
 
     Raises:
         TypeError: unsupported dtype on some rank.
         ValueError: any other problem on some rank, or shapes/dtypes differing.
     """
     xp = kernels.array_module(x)
+    params = tuple(sorted((k, v) for k, v in (params or {}).items() if v is not None))
     code = 0
     dt = np.dtype(x.dtype)
     if dt not in SUPPORTED_DTYPES:
@@ -74,7 +79,7 @@ def validate(comm: Communicator, x, *, density: float | None = None, check_finit
         code |= _BAD_DENSITY
     shape_hash = zlib.crc32(repr(tuple(x.shape)).encode()) & 0x7FFFFFFF
     mine = [code, int(x.size), zlib.crc32(dt.str.encode()) & 0x7FFFFFFF, shape_hash,
-            zlib.crc32(tag.encode())]
+            zlib.crc32(tag.encode()), zlib.crc32(repr((density, *params)).encode())]
     if comm.size > 1:
         with comm.phase("control:validate"):
             table = comm.allgather_ints(mine)
@@ -93,6 +98,11 @@ def validate(comm: Communicator, x, *, density: float | None = None, check_finit
             raise ValueError(
                 f"allreduce: tensor {what} differs across ranks "
                 f"(this rank: shape {tuple(x.shape)}, dtype {dt})")
+    if (table[:, 5] != table[0, 5]).any():
+        bad = [int(r) for r in np.flatnonzero(table[:, 5] != table[0, 5])]
+        raise ValueError(f"allreduce: parameters differ from rank 0's on rank(s) {bad} "
+                         f"(this rank: density={density!r}"
+                         + "".join(f", {k}={v!r}" for k, v in params) + ")")
 
 
 # -- state -----------------------------------------------------------------------
@@ -167,7 +177,8 @@ class Algorithm(abc.ABC):
                  validated: bool = False, **kw):
         if not validated:  # the dispatcher validates once itself before deciding
             validate(self.comm, x, density=density if self.lossy else None,
-                     check_finite=self.check_finite)
+                     check_finite=self.check_finite,
+                     params=kw if self.lossy else None)
         x = x.reshape(-1)
         before = self.comm.traffic.copy()  # validation is not the algorithm's traffic
         out = self._call(x, name=name, density=density, **kw)
@@ -205,10 +216,15 @@ class SparseAllreduce(Algorithm):
     def state(self, name: str) -> SparseState:
         return self.states[name]
 
-    def _call(self, x, *, name, density, **kw):
+    def _call(self, x, *, name, density, tau: int | None = None, tau_prime: int | None = None):
+        """``tau`` / ``tau_prime`` (None: keep the tensor's, initially the
+        instance's) set this tensor's refresh intervals from this call on."""
         if name is None:
             raise ValueError(
                 f"{self.name} keeps error-feedback state per tensor: pass name=...")
+        for what, v in (("tau", tau), ("tau_prime", tau_prime)):
+            if v is not None and (isinstance(v, bool) or int(v) != v or v < 1):
+                raise ValueError(f"{what} must be an integer >= 1, got {v!r}")
         density = self.default_density if density is None else density
         st = self.states.get(name)
         if st is None or st.n != x.size or st.residual.dtype != x.dtype:
@@ -219,6 +235,10 @@ class SparseAllreduce(Algorithm):
             st = self.states[name] = SparseState(
                 x.size, x.dtype, xp, density=density, tau=self.tau, tau_prime=self.tau_prime)
         st.density = float(density)
+        if tau is not None:
+            st.tau = int(tau)
+        if tau_prime is not None:
+            st.tau_prime = int(tau_prime)
         acc = st.residual
         acc += x
         out = self._exchange(acc, st)

@@ -47,6 +47,8 @@ def parser(description: str, *, epochs: int, batch_size: int, lr: float,
                         "--integration optimizer gradients are then clipped on each rank before "
                         "they are sent (with ddp the hook reduces during backward, so the "
                         "reduced velocity is clipped)")
+    p.add_argument("--tau-prime", type=int, default=None,
+                   help="sparse algorithms' threshold refresh interval tau' (default 32)")
     p.add_argument("--layout", choices=("flat", "layer"), default="flat",
                    help="one flat buffer for the model (as the Ok-Topk reference) or per layer")
     p.add_argument("--integration", choices=("optimizer", "ddp"), default="optimizer",
@@ -151,7 +153,8 @@ def run_grid(args, *, name: str, device: torch.device, make_model, make_optimize
             net = DDP(model)
             hook = at.HookState(algorithm=algorithm, density=density,
                                 warmup_steps=max(1, args.warmup_steps), prefix=prefix,
-                                momentum=mc, density_warmup=args.density_warmup)
+                                momentum=mc, density_warmup=args.density_warmup,
+                                tau_prime=args.tau_prime)
             net.register_comm_hook(hook, at.allreduce_hook)
             opt = local_opt
             sgd = hook.sgd
@@ -161,7 +164,7 @@ def run_grid(args, *, name: str, device: torch.device, make_model, make_optimize
                 local_opt, named_parameters=model.named_parameters(),
                 algorithm=algorithm, density=density, flat=args.layout == "flat",
                 warmup_steps=args.warmup_steps, prefix=prefix, momentum=mc,
-                density_warmup=args.density_warmup)
+                density_warmup=args.density_warmup, tau_prime=args.tau_prime)
             sgd = opt.sparse_sgd
         sched = None
         if args.schedule == "cosine":

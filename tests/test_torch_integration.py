@@ -30,6 +30,22 @@ def test_sparse_sgd_refuses_bad_configuration():
         SparseSGD(algorithm="gtopk", density=0.0)
     with pytest.raises(ValueError, match="warmup"):
         SparseSGD(algorithm="gtopk", warmup_steps=-1)
+    for bad in (0, 2.5, True):
+        with pytest.raises(ValueError, match="tau_prime"):
+            SparseSGD(algorithm="oktopk", tau_prime=bad)
+        with pytest.raises(ValueError, match="tau "):
+            SparseSGD(algorithm="oktopk", tau=bad)
+
+
+def test_sparse_sgd_sets_the_refresh_intervals():
+    """tau' and tau given to SparseSGD reach the sparse algorithm's per-tensor state."""
+    import autotune
+
+    sgd = SparseSGD(algorithm="oktopk", density=0.05, tau_prime=3, tau=7, prefix="taus")
+    g = np.random.default_rng(1).standard_normal(1000).astype(np.float32)
+    sgd.synchronize([("w", g)])
+    st = autotune.algorithm_instance("oktopk").state("taus.flat.float32")
+    assert (st.tau_prime, st.tau) == (3, 7)
 
 
 @pytest.mark.parametrize("flat", [True, False])

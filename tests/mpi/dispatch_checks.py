@@ -49,6 +49,30 @@ def main() -> int:
     c = autotune.decisions()[("dw.flat.float32", (1 << 20,), "float32", W.size, "cpu")]
     assert c.density == 0.001, c.density
     assert autotune.algorithm_instance(c.algorithm).state("dw.flat.float32").density == 0.001
+    # tuned refresh intervals reach the tensor's state, through auto and forced calls
+    g = rng.standard_normal(1 << 16).astype(np.float32)
+    autotune.allreduce(g, name="tp", algorithm="oktopk", density=0.01, tau_prime=1, tau=5)
+    st = autotune.algorithm_instance("oktopk").state("tp")
+    assert (st.tau_prime, st.tau) == (1, 5), (st.tau_prime, st.tau)
+    thr = []
+    for _ in range(3):  # tau' = 1: the local threshold is exact at every call
+        autotune.allreduce(rng.standard_normal(1 << 16).astype(np.float32), name="tp",
+                           algorithm="oktopk", density=0.01)
+        thr.append(autotune.algorithm_instance("oktopk").last_stats["refresh"])
+    assert all(thr), thr
+    autotune.allreduce(rng.standard_normal(1 << 20).astype(np.float32), name=key[0], density=0.05,
+                       tau_prime=4)
+    assert autotune.algorithm_instance(big.algorithm).state(key[0]).tau_prime == 4
+    # parameters that differ across ranks: the same clear error on every rank, no hang
+    for kw in () if W.size == 1 else ({"density": 0.01 * (1 + W.rank % 2)}, {"density": 0.01, "tau_prime": 1 + W.rank % 2},
+               {"density": 0.01, "tau": 8 if W.rank == W.size - 1 else None}):
+        for algorithm in ("oktopk", "gtopk", "auto"):
+            try:
+                autotune.allreduce(g, name=f"bad.{algorithm}", algorithm=algorithm, **kw)
+            except ValueError as e:
+                assert "parameters differ" in str(e), e
+            else:
+                raise AssertionError(f"no error for {kw} with {algorithm} on rank {W.rank}")
     if W.rank == 0:
         print("dispatch ok:", {k[0]: c.algorithm for k, c in autotune.decisions().items()})
     return 0
