@@ -6,7 +6,8 @@ progress and writes the file.  Four parts, in this order:
 
 1. **alpha/beta** of point-to-point (sendrecv, all rank pairs at once) and of
    the native collectives the algorithms use (allgather, allgatherv,
-   alltoallv, allreduce, bcast), OSU-style: a warm-up call, then timed
+   alltoallv, allreduce, bcast), OSU-style over powers of two (the full plan
+   also samples between them, :func:`primitive_sizes`): a warm-up call, then timed
    repeats each started after a barrier; small messages are timed in batches
    so the barrier's exit skew does not dominate; the repeats of all sizes
    are interleaved so a busy host's changing load hits every size alike.
@@ -82,7 +83,8 @@ PLANS = {
         algo_budget_s=0.3, compute_log2n=[12, 14, 16, 18, 20], compute_repeat=5, xi_steps=40,
         xi_every=4, xi_densities=[0.001, 0.01, 0.05, 0.1]),
     "full": dict(
-        log2_bytes=list(range(2, 26)), prim_warmup=3, prim_repeat=11, prim_budget_s=4.0,
+        log2_bytes=list(range(2, 26)), half_octaves=True, prim_warmup=3, prim_repeat=11,
+        prim_budget_s=4.0,
         algo_log2n=[12, 14, 16, 18, 20], densities=[0.001, 0.01, 0.05], algo_warmup=5,
         algo_repeat=7, algo_budget_s=3.0, compute_log2n=[12, 14, 16, 18, 20, 22],
         compute_repeat=7, xi_steps=300, xi_every=10, xi_densities=[0.001, 0.01, 0.05, 0.1]),
@@ -241,7 +243,7 @@ def heldout_mask(count: int) -> list[bool]:
 
 # Regime-aware fits: at most this many size segments, each fitted on at least
 # this many sizes (two coefficients and two degrees of freedom).
-MAX_SEGMENTS = 3
+MAX_SEGMENTS = 4
 MIN_SIZES_PER_SEGMENT = 4
 # More segments must lower the leave-one-out error by more than this (relative,
 # plus 0.2 percentage points) to be preferred: the simplest adequate model wins.
@@ -272,23 +274,29 @@ def _ls(X, t):
     return _wls(X, t, np.ones_like(t), [0, 1])[0]
 
 
-def _segmentation_loo(X, t, m, bounds) -> float:
+def _segmentation_loo(X, t, m, bounds, fit=None) -> float:
     """Median relative error of leave-one-out predictions of a segmentation.
 
     ``bounds`` are index boundaries into the (sorted) sizes.  Each size is
     left out in turn, its segment refitted without it, the segment starts
     recomputed from the remaining sizes (:func:`_starts`), and the size
     predicted by the segment that then covers it -- exactly how
-    a held-out size between two segments is predicted.
+    a held-out size between two segments is predicted.  ``fit(lo, hi, skip)``
+    (default: a fresh least squares) gives the coefficients of sizes
+    [lo, hi) less ``skip`` (None: all), so callers can cache them.
     """
+    if fit is None:
+        def fit(lo, hi, skip):
+            idx = [j for j in range(lo, hi) if j != skip]
+            return _ls(X[idx], t[idx])
     errs = []
     for i in range(len(t)):
         coefs, firsts, lasts = [], [], []
         for lo, hi in zip(bounds, bounds[1:]):
-            idx = [j for j in range(lo, hi) if j != i]
-            coefs.append(_ls(X[idx], t[idx]))
-            firsts.append(m[idx[0]])
-            lasts.append(m[idx[-1]])
+            inside = lo <= i < hi
+            coefs.append(fit(lo, hi, i if inside else None))
+            firsts.append(m[lo + 1] if inside and i == lo else m[lo])
+            lasts.append(m[hi - 2] if inside and i == hi - 1 else m[hi - 1])
         c = coefs[_segment_of(m[i], _starts(firsts, lasts))]
         errs.append(abs(float(X[i] @ c) - t[i]) / t[i])
     return float(np.median(errs))
@@ -308,6 +316,15 @@ def choose_segments(X, t, m, *, max_segments: int = MAX_SEGMENTS,
         (index bounds, e.g. (0, 7, 16); {segments: best leave-one-out median error})
     """
     n = len(t)
+    cache: dict = {}
+
+    def fit(lo, hi, skip):  # one segment's coefficients, shared by every split using it
+        key = (lo, hi, skip)
+        if key not in cache:
+            idx = [j for j in range(lo, hi) if j != skip]
+            cache[key] = _ls(X[idx], t[idx])
+        return cache[key]
+
     best: dict[int, tuple[float, tuple]] = {}
     for r in range(1, max_segments + 1):
         if r * min_sizes > n:
@@ -316,7 +333,7 @@ def choose_segments(X, t, m, *, max_segments: int = MAX_SEGMENTS,
             b = (0, *cuts, n)
             if any(hi - lo < min_sizes for lo, hi in zip(b, b[1:])):
                 continue
-            score = _segmentation_loo(X, t, m, b)
+            score = _segmentation_loo(X, t, m, b, fit)
             if r not in best or score < best[r][0]:
                 best[r] = (score, b)
     if not best:  # fewer sizes than one segment needs: one line
@@ -590,8 +607,21 @@ def time_interleaved(comm, fns, *, warmup: int, repeat: int, budget_s: float, sy
     return [np.asarray(t) for t in out]
 
 
+def primitive_sizes(plan, max_bytes: int) -> list[int]:
+    """Message sizes of the alpha/beta sweep: the plan's powers of two up to
+    ``max_bytes`` and, with ``half_octaves``, sizes near 2^(e + 1/2) between them
+    from 16 bytes up (multiples of 4: whole float32 values).  Collectives
+    switch protocol or algorithm at sizes in between powers of two; sampling
+    twice per octave places those steps twice as precisely."""
+    exps = [e for e in plan["log2_bytes"] if (1 << e) <= max_bytes]
+    sizes = {1 << e for e in exps}
+    if plan.get("half_octaves"):
+        sizes |= {4 * round(2 ** (e + 0.5) / 4) for e in exps[:-1] if e >= 4}
+    return sorted(sizes)
+
+
 def measure_primitives(comm, plan, *, max_bytes: int, xp, sync, progress, shared_medium: bool):
-    sizes = [1 << e for e in plan["log2_bytes"] if (1 << e) <= max_bytes]
+    sizes = primitive_sizes(plan, max_bytes)
     held = heldout_mask(len(sizes))
     out = {}
     for name in PRIMITIVES:
@@ -1045,7 +1075,7 @@ def run_profile(comm, *, plan_name: str = "quick", device: str = "cpu", network:
     fp = fingerprint(comm, device=device, network=network)
     shared_medium = len(fp["hosts"]) == 1
     max_bytes = max_bytes or (1 << max(plan["log2_bytes"]))
-    n_sizes = len([e for e in plan["log2_bytes"] if (1 << e) <= max_bytes])
+    n_sizes = len(primitive_sizes(plan, max_bytes))
     total = (len(PRIMITIVES) * n_sizes + count_algorithm_steps(comm.size, plan, names)
              + 4 * (len(plan["compute_log2n"]) + (len(_GPU_COMPUTE_EXTRA) if device == "gpu" else 0)) + (0 if gradients else plan["xi_steps"]))
     progress = _Progress(comm, total, quiet)

@@ -255,6 +255,29 @@ def test_heldout_mask_keeps_the_ends_in_the_fit():
     assert not mask[0] and not mask[-1] and sum(mask) == 3
 
 
+def test_full_plan_samples_twice_per_octave():
+    sizes = profiler.primitive_sizes(profiler.PLANS["full"], 32 << 20)
+    assert sizes == sorted(set(sizes)) and sizes[0] == 4 and sizes[-1] == 32 << 20
+    assert all(s % 4 == 0 for s in sizes) and len(sizes) == 45
+    assert 24 in sizes and 46340 in sizes  # 2^4.5 and 2^15.5, rounded to whole float32
+    assert profiler.primitive_sizes(profiler.PLANS["quick"], 4 << 20) == [
+        1 << e for e in range(2, 23)]
+    assert profiler.primitive_sizes(profiler.PLANS["full"], 1 << 20)[-1] == 1 << 20
+
+
+def test_segment_search_cache_gives_the_plain_scores():
+    """choose_segments reuses segment fits across splits; each best split's score
+    equals the leave-one-out score computed from scratch."""
+    rng = np.random.default_rng(3)
+    m = np.array(sorted(profiler.primitive_sizes(profiler.PLANS["full"], 1 << 22)), float)
+    X = np.column_stack([np.ones_like(m), m])
+    t = (2e-6 + 1e-9 * m) * np.where(m > 5000, 1.8, 1.0) * rng.uniform(0.95, 1.05, m.size)
+    bounds, scores = profiler.choose_segments(X, t, m, max_segments=3)
+    assert len(bounds) >= 3  # the step at 5000 B is found
+    assert scores[len(bounds) - 1] == pytest.approx(
+        profiler._segmentation_loo(X, t, m, bounds), rel=1e-12)
+
+
 def test_concurrency_shared_medium():
     # every rank's bytes cross the one shared link
     assert concurrency("allgather", 4) == 4 and concurrency("allreduce", 4) == 4
