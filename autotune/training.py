@@ -69,7 +69,7 @@ from typing import Iterable
 import numpy as np
 
 import kernels
-from collectives import ALGORITHMS
+from collectives import ALGORITHMS, check_intervals
 
 from . import dispatch
 from ._convert import as_array
@@ -150,9 +150,7 @@ class SparseSGD:
                              f"got {density_warmup!r} with density={density!r}")
         if not (0.0 <= float(momentum) < 1.0):
             raise ValueError(f"momentum must be in [0, 1), got {momentum!r}")
-        for what, v in (("tau_prime", tau_prime), ("tau", tau)):
-            if v is not None and (isinstance(v, bool) or int(v) != v or v < 1):
-                raise ValueError(f"{what} must be an integer >= 1, got {v!r}")
+        check_intervals(tau_prime=tau_prime, tau=tau)
         self.algorithm = algorithm
         self.tau_prime = tau_prime
         self.tau = tau

@@ -8,7 +8,8 @@
     out = algo(grad, name="fc1.weight", density=0.01)
     print(algo.last_traffic.total().bytes_sent)
 """
-from ._base import ALGORITHMS, Algorithm, SparseAllreduce, SparseState, register, validate
+from ._base import (ALGORITHMS, Algorithm, SparseAllreduce, SparseState, check_intervals, register,
+                    validate)
 from ._comm import Communicator, MPICommunicator, PhaseCounters, Traffic
 from ._timing import timeit
 from ._nccl import NCCLCommunicator
@@ -37,6 +38,7 @@ __all__ = [
     "TopKA2A",
     "TopkDSA",
     "Traffic",
+    "check_intervals",
     "rabenseifner",
     "register",
     "timeit",

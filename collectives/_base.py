@@ -16,6 +16,7 @@ __all__ = [
     "Algorithm",
     "SparseAllreduce",
     "SparseState",
+    "check_intervals",
     "register",
     "SUPPORTED_DTYPES",
 ]
@@ -35,7 +36,6 @@ def register(cls):
 
 
 # -- validation ---------------------------------------------------------------
-
 _BAD_DTYPE, _NONCONTIG, _NONFINITE, _EMPTY, _BAD_DENSITY = 1, 2, 4, 8, 16
 _REASONS = {
     _BAD_DTYPE: ("TypeError", "unsupported dtype (supported: float32, float64)"),
@@ -44,6 +44,17 @@ _REASONS = {
     _EMPTY: ("ValueError", "tensor is empty"),
     _BAD_DENSITY: ("ValueError", "density must be in (0, 1]"),
 }
+
+
+def check_intervals(**intervals) -> None:
+    """Refresh intervals (tau, tau_prime) must be integers >= 1; None means unset.
+
+    Raises:
+        ValueError: naming the first bad one.
+    """
+    for what, v in intervals.items():
+        if v is not None and (isinstance(v, bool) or int(v) != v or v < 1):
+            raise ValueError(f"{what} must be an integer >= 1, got {v!r}")
 
 
 def validate(comm: Communicator, x, *, density: float | None = None, check_finite: bool = True,
@@ -64,7 +75,8 @@ def validate(comm: Communicator, x, *, density: float | None = None, check_finit
         ValueError: any other problem on some rank, or shapes/dtypes differing.
     """
     xp = kernels.array_module(x)
-    params = tuple(sorted((k, v) for k, v in (params or {}).items() if v is not None))
+    # compared as floats, so 8, 8.0 and numpy's 8 agree
+    params = tuple(sorted((k, float(v)) for k, v in (params or {}).items() if v is not None))
     code = 0
     dt = np.dtype(x.dtype)
     if dt not in SUPPORTED_DTYPES:
@@ -79,7 +91,7 @@ def validate(comm: Communicator, x, *, density: float | None = None, check_finit
         code |= _BAD_DENSITY
     shape_hash = zlib.crc32(repr(tuple(x.shape)).encode()) & 0x7FFFFFFF
     mine = [code, int(x.size), zlib.crc32(dt.str.encode()) & 0x7FFFFFFF, shape_hash,
-            zlib.crc32(tag.encode()), zlib.crc32(repr((density, *params)).encode())]
+            zlib.crc32(tag.encode()), zlib.crc32(repr((None if density is None else float(density), *params)).encode())]
     if comm.size > 1:
         with comm.phase("control:validate"):
             table = comm.allgather_ints(mine)
@@ -126,8 +138,7 @@ class SparseState:
     def __init__(self, n: int, dtype, xp=np, *, density: float, tau: int = 64, tau_prime: int = 32):
         if not (0.0 < density <= 1.0):
             raise ValueError(f"density must be in (0, 1], got {density!r}")
-        if tau < 1 or tau_prime < 1:
-            raise ValueError(f"tau and tau_prime must be >= 1, got {tau}, {tau_prime}")
+        check_intervals(tau=tau, tau_prime=tau_prime)
         self.density = float(density)
         self.tau = int(tau)
         self.tau_prime = int(tau_prime)
@@ -222,9 +233,7 @@ class SparseAllreduce(Algorithm):
         if name is None:
             raise ValueError(
                 f"{self.name} keeps error-feedback state per tensor: pass name=...")
-        for what, v in (("tau", tau), ("tau_prime", tau_prime)):
-            if v is not None and (isinstance(v, bool) or int(v) != v or v < 1):
-                raise ValueError(f"{what} must be an integer >= 1, got {v!r}")
+        check_intervals(tau=tau, tau_prime=tau_prime)
         density = self.default_density if density is None else density
         st = self.states.get(name)
         if st is None or st.n != x.size or st.residual.dtype != x.dtype:
