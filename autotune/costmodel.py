@@ -27,10 +27,9 @@ deliberately simple; the learned selector corrects them with measurements.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -131,7 +130,7 @@ class Machine:
             label=f"{fp.get('device', '?')}/{fp.get('network', '?')}",
         )
         runs = prof.get("runs") or []
-        return dataclasses.replace(bare, overhead=fit_overheads(bare, runs)) if runs else bare
+        return replace(bare, overhead=fit_overheads(bare, runs)) if runs else bare
 
     # primitive times (each with the regime covering its message size) ---------
     def t_p2p(self, m: float) -> float:

@@ -37,6 +37,7 @@ __all__ = [
     "SCHEMA",
     "VERSION",
     "PRIMITIVES",
+    "COMPUTE_KERNELS",
     "MACHINE_KEYS",
     "Profile",
     "ProfileError",
@@ -75,6 +76,8 @@ _SHAPES = {
     "bcast": ("a*ceil(log2 P) + b*m*ceil(log2 P)", lambda P: _log2c(P), lambda P: _log2c(P)),
 }
 PRIMITIVES = tuple(_SHAPES)
+# Local compute kernels a profile times ("stream" is absent from older profiles).
+COMPUTE_KERNELS = ("topk", "threshold", "reduce", "scatter_add", "stream")
 
 # What m means per primitive (docs and `show`).
 MESSAGE_MEANING = {

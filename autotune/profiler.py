@@ -52,6 +52,7 @@ import kernels
 from collectives import ALGORITHMS, MPICommunicator, timeit
 
 from .profile import (
+    COMPUTE_KERNELS,
     PRIMITIVES,
     Profile,
     concurrency,
@@ -91,7 +92,6 @@ PLANS = {
 }
 
 _KINDS = ("select", "comm", "reduce", "control", "other")
-_COMPUTE_KERNELS = ("topk", "threshold", "reduce", "scatter_add", "stream")
 _GPU_COMPUTE_EXTRA = (24, 26)  # extra log2 sizes of the compute sweep on a GPU
 _GPU_ALGO_EXTRA = (22, 24)     # extra log2 sizes of the algorithm runs on a GPU
 _BATCH_TARGET_S = 5e-3  # small messages are timed in batches of about this long
@@ -274,6 +274,21 @@ def _ls(X, t):
     return _wls(X, t, np.ones_like(t), [0, 1])[0]
 
 
+def _segment_fitter(X, t):
+    """``fit(lo, hi, skip)``: relative least squares of sizes [lo, hi) less
+    ``skip`` (None: all), each distinct segment fitted once."""
+    cache: dict = {}
+
+    def fit(lo, hi, skip):
+        key = (lo, hi, skip)
+        if key not in cache:
+            idx = [j for j in range(lo, hi) if j != skip]
+            cache[key] = _ls(X[idx], t[idx])
+        return cache[key]
+
+    return fit
+
+
 def _segmentation_loo(X, t, m, bounds, fit=None) -> float:
     """Median relative error of leave-one-out predictions of a segmentation.
 
@@ -281,14 +296,10 @@ def _segmentation_loo(X, t, m, bounds, fit=None) -> float:
     left out in turn, its segment refitted without it, the segment starts
     recomputed from the remaining sizes (:func:`_starts`), and the size
     predicted by the segment that then covers it -- exactly how
-    a held-out size between two segments is predicted.  ``fit(lo, hi, skip)``
-    (default: a fresh least squares) gives the coefficients of sizes
-    [lo, hi) less ``skip`` (None: all), so callers can cache them.
+    a held-out size between two segments is predicted.  ``fit`` is a
+    :func:`_segment_fitter` (shared by callers that score many splits).
     """
-    if fit is None:
-        def fit(lo, hi, skip):
-            idx = [j for j in range(lo, hi) if j != skip]
-            return _ls(X[idx], t[idx])
+    fit = fit or _segment_fitter(X, t)
     errs = []
     for i in range(len(t)):
         coefs, firsts, lasts = [], [], []
@@ -316,15 +327,7 @@ def choose_segments(X, t, m, *, max_segments: int = MAX_SEGMENTS,
         (index bounds, e.g. (0, 7, 16); {segments: best leave-one-out median error})
     """
     n = len(t)
-    cache: dict = {}
-
-    def fit(lo, hi, skip):  # one segment's coefficients, shared by every split using it
-        key = (lo, hi, skip)
-        if key not in cache:
-            idx = [j for j in range(lo, hi) if j != skip]
-            cache[key] = _ls(X[idx], t[idx])
-        return cache[key]
-
+    fit = _segment_fitter(X, t)  # shared by every split: a segment is fitted once
     best: dict[int, tuple[float, tuple]] = {}
     for r in range(1, max_segments + 1):
         if r * min_sizes > n:
@@ -778,7 +781,7 @@ _STREAM_FIT_SIZES = 3
 def fit_compute(samples: list[dict]) -> dict:
     """Each compute kernel's t = c0 + c1*n fit from its raw samples."""
     rec = {}
-    for kernel in _COMPUTE_KERNELS:
+    for kernel in COMPUTE_KERNELS:
         ss = sorted((s for s in samples if s["kernel"] == kernel), key=lambda s: s["n"])
         if kernel == "stream":
             if not ss:
@@ -1077,7 +1080,9 @@ def run_profile(comm, *, plan_name: str = "quick", device: str = "cpu", network:
     max_bytes = max_bytes or (1 << max(plan["log2_bytes"]))
     n_sizes = len(primitive_sizes(plan, max_bytes))
     total = (len(PRIMITIVES) * n_sizes + count_algorithm_steps(comm.size, plan, names)
-             + 4 * (len(plan["compute_log2n"]) + (len(_GPU_COMPUTE_EXTRA) if device == "gpu" else 0)) + (0 if gradients else plan["xi_steps"]))
+             + len(COMPUTE_KERNELS) * (len(plan["compute_log2n"])
+                                       + (len(_GPU_COMPUTE_EXTRA) if device == "gpu" else 0))
+             + (0 if gradients else plan["xi_steps"]))
     progress = _Progress(comm, total, quiet)
     try:
         t0 = time.perf_counter()

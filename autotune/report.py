@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .profile import PRIMITIVES, Profile, model_terms, segment_at
+from .profile import COMPUTE_KERNELS, PRIMITIVES, Profile, model_terms, segment_at
 
 __all__ = ["busbw", "fastest_table", "plot", "show_text", "summary_lines"]
 
@@ -119,7 +119,7 @@ def segment_lines(prof: Profile) -> list[str]:
 def compute_lines(prof: Profile) -> list[str]:
     c = prof.data["compute"]
     lines = [f"local compute on {c['device']} (t = c0 + c1*n):"]
-    for k in ("topk", "threshold", "reduce", "scatter_add", "stream"):
+    for k in COMPUTE_KERNELS:
         if k in c:
             unit = c.get("units", {}).get(k, "per element")
             lines.append(f"  {k:12s} c0 {1e6 * c[k]['c0_s']:9.2f} us   c1 "

@@ -46,6 +46,15 @@ _REASONS = {
 }
 
 
+def _comparable(v):
+    """A parameter as compared across ranks: numbers as floats (8, 8.0 and
+    numpy's 8 agree), anything else by its repr (never raises)."""
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return repr(v)
+
+
 def check_intervals(**intervals) -> None:
     """Refresh intervals (tau, tau_prime) must be integers >= 1; None means unset.
 
@@ -75,8 +84,7 @@ def validate(comm: Communicator, x, *, density: float | None = None, check_finit
         ValueError: any other problem on some rank, or shapes/dtypes differing.
     """
     xp = kernels.array_module(x)
-    # compared as floats, so 8, 8.0 and numpy's 8 agree
-    params = tuple(sorted((k, float(v)) for k, v in (params or {}).items() if v is not None))
+    params = tuple(sorted((k, _comparable(v)) for k, v in (params or {}).items() if v is not None))
     code = 0
     dt = np.dtype(x.dtype)
     if dt not in SUPPORTED_DTYPES:
@@ -90,8 +98,9 @@ def validate(comm: Communicator, x, *, density: float | None = None, check_finit
     if density is not None and not (0.0 < density <= 1.0):
         code |= _BAD_DENSITY
     shape_hash = zlib.crc32(repr(tuple(x.shape)).encode()) & 0x7FFFFFFF
+    param_hash = zlib.crc32(repr((_comparable(density), *params)).encode())
     mine = [code, int(x.size), zlib.crc32(dt.str.encode()) & 0x7FFFFFFF, shape_hash,
-            zlib.crc32(tag.encode()), zlib.crc32(repr((None if density is None else float(density), *params)).encode())]
+            zlib.crc32(tag.encode()), param_hash]
     if comm.size > 1:
         with comm.phase("control:validate"):
             table = comm.allgather_ints(mine)
