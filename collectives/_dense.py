@@ -6,8 +6,12 @@ import kernels
 from ._base import Algorithm, register
 
 
-def rabenseifner(comm, x):
+def rabenseifner(comm, x, scratch=None):
     """Rabenseifner allreduce of flat ``x``; returns a new array.
+
+    ``scratch(size)``, if given, supplies the receive buffer (a vector of
+    x's dtype and device whose contents may be overwritten; see
+    ``Algorithm.scratch``); without it one is allocated per call.
 
     Steps (Thakur, Rabenseifner & Gropp 2005):
       0. Non-power-of-two P: with p2 = 2^floor(log2 P) and r = P - p2, each
@@ -32,6 +36,9 @@ def rabenseifner(comm, x):
     p2 = 1 << (P.bit_length() - 1)
     r = P - p2
 
+    def tmp_buffer():
+        return scratch(n) if scratch is not None else xp.empty_like(buf)
+
     def actual(newrank: int) -> int:
         return 2 * newrank + 1 if newrank < r else newrank + r
 
@@ -41,7 +48,7 @@ def rabenseifner(comm, x):
                 comm.send(buf, rank + 1, tag=11)
                 newrank = -1
             else:
-                tmp = xp.empty_like(buf)
+                tmp = tmp_buffer()
                 comm.recv(tmp, rank - 1, tag=11)
                 buf += tmp
                 newrank = rank // 2
@@ -50,7 +57,7 @@ def rabenseifner(comm, x):
 
     if newrank >= 0:
         bounds = kernels.region_bounds(n, p2)
-        tmp = xp.empty_like(buf)
+        tmp = tmp_buffer()
         lo, hi = 0, p2
         d = p2 >> 1
         with comm.phase("comm:reduce-scatter"):
@@ -96,7 +103,7 @@ class Dense(Algorithm):
     name = "dense"
 
     def _call(self, x, *, name, density, **kw):
-        return rabenseifner(self.comm, x)
+        return rabenseifner(self.comm, x, lambda size: self.scratch(x, size))
 
     @staticmethod
     def traffic_bound(n, P, k, itemsize=4):

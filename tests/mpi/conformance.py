@@ -169,11 +169,16 @@ def run_case(name: str, n: int, dist: str, density: float, iters: int, rng) -> s
     cum_in = np.zeros(n, np.float64)
     cum_abs = np.zeros(n, np.float64)
     cum_out = np.zeros(n, np.float64)
+    prev = None
     for it in range(iters):
         x = draw(dist, n, rng, it)
         out = call(x, density)
         check(out.shape == (n,) and out.dtype == np.float32,
               f"output shape/dtype {out.shape}/{out.dtype}")
+        # the output is the caller's: no later call may reuse its memory (scratch)
+        check(prev is None or np.array_equal(prev[0], prev[1]),
+              "an earlier call's output changed during a later call")
+        prev = (out, out.copy())
         check(bitwise_identical(out), "outputs differ across ranks")
         t = call.impl.last_traffic.total()
         check(t.bytes_sent <= bound and t.bytes_recv <= bound,
