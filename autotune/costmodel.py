@@ -14,6 +14,13 @@ the segment covering it, and local compute costs t = c0 + c1 * elements for exac
 threshold selection and sparse reduction.  ``predict(algorithm, n, P,
 density)`` composes them into the algorithm's time per call.
 
+On a CPU profiled on one host, ranks share the host's cores: with P ranks on
+C cores each rank's local compute (timed by the profiler on one rank alone)
+runs max(1, P/C) times slower, and the shared-memory primitives (copies made
+by the same cores, measured at the profile's P) scale by the ratio of that
+factor at P and at the profile's P (``Machine.at``).  Without the core count
+(profiles made before it was recorded), on GPUs and across hosts: no scaling.
+
 One more term comes from the profile's algorithm runs: each implementation's
 fixed cost per call, ``o0 + o1 (P-1)`` seconds (:func:`fit_overheads`) -- the
 Python, kernel-launch, host-synchronisation and small-message cost that Table 1's
@@ -85,6 +92,35 @@ class Machine:
     label: str = ""
     extras: dict = field(default_factory=dict, compare=False)
     overhead: dict = field(default_factory=dict)  # algorithm -> (o0, o1), see fit_overheads
+    # ranks sharing one host's cores (single-host CPU profiles): (cores, profile's P)
+    contention: tuple[int, int] | None = None
+    _at: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def at(self, P: int) -> "Machine":
+        """This machine's terms for P ranks: compute scaled by max(1, P/cores),
+        primitives by that factor over its value at the profile's P (see the
+        module docstring); itself without ``contention``."""
+        if self.contention is None:
+            return self
+        P = int(P)
+        if P not in self._at:
+            cores, P0 = self.contention
+            f = max(1.0, P / cores)
+            g = f / max(1.0, P0 / cores)
+
+            def link(lk: Link) -> Link:
+                return Link(lk.alpha * g, lk.beta * g,
+                            tuple((s, a * g, b * g) for s, a, b in lk.segments))
+
+            def lin(c: Linear | None) -> Linear | None:
+                return None if c is None else Linear(c.c0 * f, c.c1 * f)
+
+            self._at[P] = replace(
+                self, p2p=link(self.p2p), allgather=link(self.allgather),
+                alltoall=link(self.alltoall), allreduce=link(self.allreduce),
+                bcast=link(self.bcast), topk=lin(self.topk), threshold=lin(self.threshold),
+                reduce=lin(self.reduce), stream=lin(self.stream), contention=None, _at={})
+        return self._at[P]
 
     @classmethod
     def from_profile(cls, prof: dict) -> "Machine":
@@ -113,6 +149,8 @@ class Machine:
             return Linear(float(c["c0_s"]), float(c["c1_s_per_elem"]))
 
         fp = prof.get("fingerprint", {})
+        single_cpu_host = fp.get("device") == "cpu" and len(fp.get("hosts") or ()) == 1
+        cores = fp.get("cores_per_host")
         bare = cls(
             p2p=p2p,
             allgather=link("allgather", link("allgatherv", p2p)),
@@ -128,9 +166,10 @@ class Machine:
             # dense at P = 3, 6: worst regret 2.86 against 2.04 without; BENCHMARKS)
             stream=lin("stream") if "stream" in comp and comp.get("device") == "gpu" else None,
             label=f"{fp.get('device', '?')}/{fp.get('network', '?')}",
+            contention=((int(cores), int(fp["P"])) if single_cpu_host and cores else None),
         )
         runs = prof.get("runs") or []
-        return replace(bare, overhead=fit_overheads(bare, runs)) if runs else bare
+        return replace(bare, overhead=fit_overheads(bare, runs), _at={}) if runs else bare
 
     # primitive times (each with the regime covering its message size) ---------
     def t_p2p(self, m: float) -> float:
@@ -276,6 +315,7 @@ def _terms(machine: Machine, algorithm: str, n: int, P: int, density: float,
         term = TERMS[algorithm]
     except KeyError:
         raise ValueError(f"no cost model for algorithm {algorithm!r}; known: {sorted(TERMS)}") from None
+    machine = machine.at(P)
     if algorithm == "oktopk":
         return float(_oktopk(machine, int(n), int(P), float(density), tau_prime, tau))
     return float(term(machine, int(n), int(P), float(density), tau_prime))

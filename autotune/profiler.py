@@ -87,7 +87,8 @@ PLANS = {
         log2_bytes=list(range(2, 26)), half_octaves=True, prim_warmup=3, prim_repeat=11,
         prim_budget_s=4.0,
         algo_log2n=[12, 14, 16, 18, 20], densities=[0.001, 0.01, 0.05], algo_warmup=5,
-        algo_repeat=7, algo_budget_s=3.0, compute_log2n=[12, 14, 16, 18, 20, 22],
+        algo_repeat=7, algo_budget_s=3.0, lossless_log2n=[22, 23], odd_process_counts=True,
+        compute_log2n=[12, 14, 16, 18, 20, 22],
         compute_repeat=7, xi_steps=300, xi_every=10, xi_densities=[0.001, 0.01, 0.05, 0.1]),
 }
 
@@ -290,7 +291,12 @@ def _segment_fitter(X, t):
 
 
 def _segmentation_loo(X, t, m, bounds, fit=None) -> float:
-    """Median relative error of leave-one-out predictions of a segmentation.
+    """Mean relative error of leave-one-out predictions of a segmentation.
+
+    The mean, not the median: a split that fits most sizes but misses the
+    largest few by 2x (cache giving way to DRAM above a few MiB, the regime
+    every prediction beyond the profile's sizes extrapolates from) must score
+    worse than one that fits them all a little less tightly.
 
     ``bounds`` are index boundaries into the (sorted) sizes.  Each size is
     left out in turn, its segment refitted without it, the segment starts
@@ -310,7 +316,7 @@ def _segmentation_loo(X, t, m, bounds, fit=None) -> float:
             lasts.append(m[hi - 2] if inside and i == hi - 1 else m[hi - 1])
         c = coefs[_segment_of(m[i], _starts(firsts, lasts))]
         errs.append(abs(float(X[i] @ c) - t[i]) / t[i])
-    return float(np.median(errs))
+    return float(np.mean(errs))
 
 
 def choose_segments(X, t, m, *, max_segments: int = MAX_SEGMENTS,
@@ -324,7 +330,7 @@ def choose_segments(X, t, m, *, max_segments: int = MAX_SEGMENTS,
     given (the training sizes) are used.
 
     Returns:
-        (index bounds, e.g. (0, 7, 16); {segments: best leave-one-out median error})
+        (index bounds, e.g. (0, 7, 16); {segments: best leave-one-out mean error})
     """
     n = len(t)
     fit = _segment_fitter(X, t)  # shared by every split: a segment is fitted once
@@ -392,7 +398,7 @@ def fit_primitive(name: str, samples: list[dict], shared_medium: bool) -> dict:
         "fit_method": info["method"],
         "fit_loo_median_rel_err": info["loo_median_rel_err"],
         "segments": segments,
-        "segments_loo_median_rel_err": {str(k): v for k, v in scores.items()},
+        "segments_loo_mean_rel_err": {str(k): v for k, v in scores.items()},
         "shared_medium": shared_medium,
         "beta_link_s_per_byte": b / concurrency(name, P) if shared_medium else b,
         "samples": samples,
@@ -428,7 +434,8 @@ def refit_profile(prof: Profile) -> Profile:
 # Keys fit_primitive writes (a refit replaces them; anything else is kept).
 _FIT_KEYS = ("alpha_s", "beta_s_per_byte", "alpha_stderr", "beta_stderr", "heldout_median_rel_err",
              "fit_median_rel_err", "line_heldout_median_rel_err", "line_fit_median_rel_err",
-             "fit_method", "fit_loo_median_rel_err", "segments", "segments_loo_median_rel_err",
+             "fit_method", "fit_loo_median_rel_err", "segments", "segments_loo_mean_rel_err",
+             "segments_loo_median_rel_err",  # the key of profiles fitted before 2026-11-26 15:30
              "beta_link_s_per_byte", "samples")
 
 
@@ -640,13 +647,30 @@ def measure_primitives(comm, plan, *, max_bytes: int, xp, sync, progress, shared
 
 
 # -- 2. algorithm runs ---------------------------------------------------------------
-def process_counts(P: int) -> list[int]:
-    """2, 4, 8, ... below P, then P itself."""
-    ps, p = [], 2
+def process_counts(P: int, odd: bool = False) -> list[int]:
+    """2, 4, 8, ... below P, then P itself; with ``odd`` also 3, 6, 12, ... below P.
+
+    Non-powers of two take other code paths (Rabenseifner's and gTopk's extra
+    steps for the ranks beyond the largest power of two, the native
+    allreduce's algorithm switches), which the powers of two say nothing about.
+    """
+    ps, p = set(), 2
     while p < P:
-        ps.append(p)
+        ps.add(p)
+        if odd and 3 * p // 2 < P:
+            ps.add(3 * p // 2)
         p *= 2
-    return ps + [P]
+    return sorted(ps) + [P]
+
+
+def algorithm_sizes(plan, name: str) -> list[int]:
+    """log2 n of the runs of algorithm ``name``: the plan's ``algo_log2n``, and for a
+    lossless one (dense, the native allreduce) also ``lossless_log2n``: they are
+    cheap at any size, and where the vector leaves the caches the native
+    allreduce and Rabenseifner part ways (up to 2x on the 2-core CPU machine,
+    BENCHMARKS)."""
+    extra = [] if ALGORITHMS[name].lossy else plan.get("lossless_log2n", [])
+    return sorted(set(plan["algo_log2n"]) | set(extra))
 
 
 def _time_algorithm(comm, cls, n: int, density, pool, plan, sync):
@@ -691,16 +715,17 @@ def _time_algorithm(comm, cls, n: int, density, pool, plan, sync):
 
 def measure_algorithms(world, plan, *, names, xp, sync, progress, seed: int = 0):
     rows, skipped = [], []
-    for p in process_counts(world.size):
+    sizes = sorted({e for name in names for e in algorithm_sizes(plan, name)})
+    for p in process_counts(world.size, plan.get("odd_process_counts", False)):
         sub = world if p == world.size else world.split(0 if world.rank < p else 1, world.rank)
         if world.rank < p:
-            for e in plan["algo_log2n"]:
+            for e in sizes:
                 n = 1 << e
                 shared = np.random.default_rng([seed, n])
                 base = gradient_like(n, shared)
                 rng = np.random.default_rng([seed, n, sub.rank])
                 pool = [xp.asarray(gradient_like(n, rng, base)) for _ in range(3)]
-                for name in names:
+                for name in (a for a in names if e in algorithm_sizes(plan, a)):
                     cls = ALGORITHMS[name]
                     for d in (plan["densities"] if cls.lossy else [None]):
                         try:
@@ -714,8 +739,9 @@ def measure_algorithms(world, plan, *, names, xp, sync, progress, seed: int = 0)
 
 
 def count_algorithm_steps(P: int, plan, names) -> int:
-    per_n = sum(len(plan["densities"]) if ALGORITHMS[a].lossy else 1 for a in names)
-    return len(process_counts(P)) * len(plan["algo_log2n"]) * per_n
+    per_p = sum((len(plan["densities"]) if ALGORITHMS[a].lossy else 1)
+                * len(algorithm_sizes(plan, a)) for a in names)
+    return len(process_counts(P, plan.get("odd_process_counts", False))) * per_p
 
 
 # -- 3. local compute ----------------------------------------------------------------
@@ -994,6 +1020,7 @@ def fingerprint(comm, *, device: str, network: str | None) -> dict:
     return {
         "hosts": uniq,
         "ranks_per_host": max(hosts.count(h) for h in uniq),
+        "cores_per_host": os.cpu_count(),  # rank 0's host (the cost model's contention)
         "cpu_model": cpu_model(),
         "gpu_model": gpu_model(device),
         "mpi_library": ctl.library_version(),
@@ -1078,6 +1105,9 @@ def run_profile(comm, *, plan_name: str = "quick", device: str = "cpu", network:
     fp = fingerprint(comm, device=device, network=network)
     shared_medium = len(fp["hosts"]) == 1
     max_bytes = max_bytes or (1 << max(plan["log2_bytes"]))
+    # the lossless runs beyond algo_log2n stop where the primitives do
+    plan = dict(plan, lossless_log2n=[e for e in plan.get("lossless_log2n", [])
+                                      if e > max(plan["algo_log2n"]) and (4 << e) <= max_bytes])
     n_sizes = len(primitive_sizes(plan, max_bytes))
     total = (len(PRIMITIVES) * n_sizes + count_algorithm_steps(comm.size, plan, names)
              + len(COMPUTE_KERNELS) * (len(plan["compute_log2n"])
@@ -1106,7 +1136,8 @@ def run_profile(comm, *, plan_name: str = "quick", device: str = "cpu", network:
     settings = {
         "plan": plan_name, "max_bytes": max_bytes, "seed": seed,
         "algorithms": names, "densities": plan["densities"],
-        "algo_log2n": plan["algo_log2n"], "process_counts": process_counts(comm.size),
+        "algo_log2n": plan["algo_log2n"], "lossless_log2n": plan["lossless_log2n"],
+        "process_counts": process_counts(comm.size, plan.get("odd_process_counts", False)),
         "elapsed_s": {"primitives": t1 - t0, "algorithms": t2 - t1, "compute": t3 - t2,
                       "xi": t4 - t3, "total": time.perf_counter() - t_start},
         "loadavg_start": load_start, "loadavg_end": _loadavg(),

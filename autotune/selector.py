@@ -75,7 +75,8 @@ class Selector:
         pool = algorithms or measured or sorted(costmodel.TERMS)
         self.algorithms = [a for a in pool if a in costmodel.TERMS]
         self.model = None
-        self.domain = None
+        self.domain = None  # (low, high) of (log2 n, log2 P, log10 density) over all runs
+        self.domains: dict = {}  # the same per algorithm
         runs = [r for r in runs if r["algorithm"] in self.algorithms and r.get("median_s", 0) > 0]
         if learn and len(runs) >= 8:
             from sklearn.ensemble import GradientBoostingRegressor
@@ -90,16 +91,21 @@ class Selector:
                 n_estimators=300, max_depth=3, learning_rate=0.05, subsample=1.0,
                 random_state=random_state).fit(X, np.asarray(y))
             self.domain = (X[:, :3].min(axis=0), X[:, :3].max(axis=0))
+            # each algorithm's own range: the lossless ones are run to larger n
+            algos = np.array([r["algorithm"] for r in runs])
+            self.domains = {a: (X[algos == a, :3].min(axis=0), X[algos == a, :3].max(axis=0))
+                            for a in set(algos)}
 
     def _model(self, algo, n, P, density):
         return max(costmodel.predict(self.machine, algo, n, P, _dens(algo, density)), 1e-9)
 
-    def _outside(self, n, P, density) -> float:
-        """How far (in log2 units of n and P, decades of density) the point lies outside."""
+    def _outside(self, n, P, density, algo: str | None = None) -> float:
+        """How far (in log2 units of n and P, decades of density) the point lies
+        outside the runs (of ``algo``, if given and run; else of all algorithms)."""
         if self.domain is None:
             return math.inf
         q = np.array([math.log2(max(n, 1)), math.log2(max(P, 1)), math.log10(density)])
-        lo, hi = self.domain
+        lo, hi = self.domains.get(algo, self.domain)
         return float(np.sum(np.maximum(lo - q, 0) + np.maximum(q - hi, 0)))
 
     def predict(self, algo: str, n: int, P: int, density: float) -> tuple[float, float]:
@@ -108,7 +114,8 @@ class Selector:
         if self.model is None:
             return m, m
         corr = float(self.model.predict(np.asarray([_features(self.algorithms, algo, n, P, density, m)]))[0])
-        fade = math.exp(-self._outside(n, P, density))  # 1 inside the data, -> 0 far outside
+        # 1 inside the algorithm's runs, -> 0 far outside
+        fade = math.exp(-self._outside(n, P, _dens(algo, density), algo))
         return m * math.exp(corr * fade), m
 
     def choose(self, n: int, P: int, density: float = 0.01, *, lossy_ok: bool = True,
@@ -120,6 +127,6 @@ class Selector:
         for a in cands:
             pred[a], model[a] = self.predict(a, n, P, density)
         best = min(cands, key=lambda a: (pred[a], a))
-        outside = self._outside(n, P, density)
+        outside = self._outside(n, P, _dens(best, density), best)
         note = "" if self.model is not None else "no learned correction: bare cost model"
         return Decision(best, n, P, density, pred, model, outside == 0.0, note, cands)

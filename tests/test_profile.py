@@ -402,7 +402,7 @@ def _shipped_measured():
 def test_old_profiles_without_segments_still_load(tmp_path):
     data = json.loads(_shipped_measured().read_text())
     for rec in data["primitives"].values():
-        for key in ("segments", "segments_loo_median_rel_err", "line_heldout_median_rel_err",
+        for key in ("segments", "segments_loo_mean_rel_err", "line_heldout_median_rel_err",
                     "line_fit_median_rel_err"):
             rec.pop(key, None)
     old = tmp_path / "old.json"
@@ -519,3 +519,24 @@ def test_profile_over_nccl(tmp_path):
     ran = {r["algorithm"] for r in d["runs"]}
     assert "nccl" in ran  # the native ncclAllReduce only exists on this backend
     assert "stream synchronize" in d["settings"]["timing"]
+
+
+def test_process_counts_cover_non_powers_of_two():
+    from autotune.profiler import process_counts
+
+    assert process_counts(4) == [2, 4]
+    assert process_counts(4, odd=True) == [2, 3, 4]
+    assert process_counts(8, odd=True) == [2, 3, 4, 6, 8]
+    assert process_counts(6, odd=True) == [2, 3, 4, 6]
+    assert process_counts(2, odd=True) == [2]
+
+
+def test_lossless_algorithms_run_to_larger_sizes():
+    from autotune.profiler import PLANS, algorithm_sizes, count_algorithm_steps
+
+    plan = dict(PLANS["full"], lossless_log2n=[22, 23])
+    assert algorithm_sizes(plan, "dense") == plan["algo_log2n"] + [22, 23]
+    assert algorithm_sizes(plan, "oktopk") == plan["algo_log2n"]
+    names = ["dense", "oktopk"]
+    per_p = (len(plan["algo_log2n"]) + 2) + 3 * len(plan["algo_log2n"])
+    assert count_algorithm_steps(4, plan, names) == 3 * per_p  # P = 2, 3, 4

@@ -140,3 +140,55 @@ def test_tuner_default_guard_is_reachable(slow):
 def test_auto_dispatch_same_algorithm_with_different_profiles(mpirun, nprocs):
     out = mpirun(nprocs, "tests.mpi.dispatch_checks", timeout=300)
     assert "dispatch ok" in out
+
+
+def test_contention_scales_compute_and_shared_memory_primitives(slow):
+    """A single-host CPU profile with its core count prices P ranks on C cores:
+    local compute x max(1, P/C), primitives x that over its value at the
+    profile's P; without the core count, on GPUs or across hosts, nothing."""
+    import copy
+
+    prof = copy.deepcopy(slow)
+    prof["runs"] = []
+    prof["fingerprint"] = {**prof["fingerprint"], "hosts": ["h"], "cores_per_host": 2, "P": 4}
+    m = costmodel.Machine.from_profile(prof)
+    assert m.contention == (2, 4)
+    m8, m2 = m.at(8), m.at(2)
+    assert m8.topk.c1 == pytest.approx(4 * m.topk.c1)  # 8 ranks on 2 cores
+    assert m2.threshold.c0 == pytest.approx(m.threshold.c0)  # one rank per core
+    assert m8.p2p.beta == pytest.approx(2 * m.p2p.beta)  # 4 per core vs the profile's 2
+    assert m2.allreduce.at(1 << 20)[1] == pytest.approx(0.5 * m.allreduce.at(1 << 20)[1])
+    assert m.at(8) is m8  # cached
+    # the model uses it: a compute-bound term at P = 8 grows 4x
+    n = 1 << 22
+    assert costmodel._terms(m, "topka", n, 8, 0.01) > costmodel._terms(m, "topka", n, 2, 0.01)
+    for fp in ({"cores_per_host": None}, {"hosts": ["a", "b"]}, {"device": "gpu"}):
+        other = costmodel.Machine.from_profile(
+            {**prof, "fingerprint": {**prof["fingerprint"], **fp}})
+        assert other.contention is None and other.at(8) is other
+
+
+def test_learned_correction_fades_per_algorithm(slow):
+    """Each algorithm's correction fades with the distance from its own runs:
+    a lossless algorithm run to larger n keeps its correction there, a sparse
+    one run to smaller n does not."""
+    import copy
+
+    prof = copy.deepcopy(slow)
+    runs = []
+    for P in (2, 4):
+        for e in (12, 14, 16, 18, 20, 22):
+            for algo in ("dense", "oktopk"):
+                if algo == "oktopk" and e > 18:
+                    continue
+                m = costmodel.predict(costmodel.Machine.from_profile({**prof, "runs": []}),
+                                      algo, 1 << e, P, 0.01)
+                t = 3.0 * m  # both 3x slower than modelled
+                runs.append({"algorithm": algo, "n": 1 << e, "P": P, "density": 0.01,
+                             "times_s": [t], "median_s": t})
+    prof["runs"] = runs
+    sel = Selector(prof)
+    learned, model = sel.predict("dense", 1 << 22, 4, 0.01)
+    assert learned / model == pytest.approx(3.0, rel=0.1)  # inside dense's runs
+    learned, model = sel.predict("oktopk", 1 << 22, 4, 0.01)
+    assert learned / model < 1.5  # 2 octaves beyond Ok-Topk's: mostly the cost model
