@@ -194,21 +194,28 @@ class Algorithm(abc.ABC):
         self.last_traffic = Traffic()
         self._workspace: dict = {}
 
-    def scratch(self, ref, size: int):
-        """A scratch vector of ``size`` elements of ``ref``'s dtype and device, kept
-        by this instance and handed out again on later calls (contents undefined).
+    def scratch(self, ref, size: int, dtype=None, tag: str = ""):
+        """A scratch vector of ``size`` elements (of ``dtype``, default ``ref``'s)
+        on ``ref``'s device, kept by this instance and handed out again on later
+        calls (contents undefined).
 
         Large temporaries are the dear part of a big CPU allreduce when they are
-        fresh: the kernel zeroes every new page (a fresh 16 MiB buffer costs
-        about as much as a 16 MiB exchange on the 2-core machine; BENCHMARKS,
-        "Scratch reuse").  One buffer per (device, dtype) is kept, grown on demand.
+        fresh: the kernel zeroes every new page (BENCHMARKS, "Fresh large buffers
+        cost a page-zeroing pass").  One buffer per (device, dtype, tag) is kept,
+        grown on demand.
         """
         xp = kernels.array_module(ref)
-        key = (xp.__name__, ref.dtype.str)
+        dtype = np.dtype(ref.dtype if dtype is None else dtype)
+        key = (xp.__name__, dtype.str, tag)
         buf = self._workspace.get(key)
         if buf is None or buf.size < size:
-            buf = self._workspace[key] = xp.empty(int(size), dtype=ref.dtype)
+            buf = self._workspace[key] = xp.empty(int(size), dtype=dtype)
         return buf[:size]
+
+    def kernel_work(self, ref):
+        """The ``work`` callable the selection kernels take: scratch on ``ref``'s
+        device under the kernels' own tags (see ``kernels._select._host_work``)."""
+        return lambda tag, size, dtype: self.scratch(ref, size, dtype, "kernel:" + tag)
 
     def __call__(self, x, *, name: str | None = None, density: float | None = None,
                  validated: bool = False, **kw):
@@ -284,7 +291,7 @@ class SparseAllreduce(Algorithm):
         """Exact local top-k of ``acc``; the selected values leave the residual
         (for algorithms that deliver every selected value to the output)."""
         with self.comm.phase("select"):
-            idx, vals = kernels.topk_select(acc, st.k)
+            idx, vals = kernels.topk_select(acc, st.k, work=self.kernel_work(acc))
             acc[idx] = 0
         st.selected_local = int(idx.size)
         return idx, vals

@@ -185,11 +185,11 @@ def _global_kth(comm, mags, k: int) -> float:
     return float(np.array([prefix], dtype=itype).view(mags.dtype)[0])
 
 
-def _magnitude_select(x, threshold: float):
+def _magnitude_select(x, threshold: float, work=None):
     """COO of |x| >= threshold, never selecting zeros (threshold 0 = all non-zeros)."""
     xp = kernels.array_module(x)
     if threshold > 0:
-        return kernels.threshold_select(x, threshold)
+        return kernels.threshold_select(x, threshold, work=work)
     idx = xp.flatnonzero(x).astype(kernels.index_dtype(x.size), copy=False)
     return idx, x[idx]
 
@@ -377,9 +377,9 @@ class OkTopk(SparseAllreduce):
         # 1. local selection
         with comm.phase("select"):
             if refresh:
-                st.local_threshold = kernels.kth_magnitude(acc, k)
+                st.local_threshold = kernels.kth_magnitude(acc, k, work=self.kernel_work(acc))
             thr = st.local_threshold
-            idx, vals = _magnitude_select(acc, thr)
+            idx, vals = _magnitude_select(acc, thr, self.kernel_work(acc))
             m = int(idx.size)
             st.local_threshold = self._nudge(thr, m, k)
             idx, vals = kernels.cap_selection(idx, vals, max(1, int(self.local_cap * k)))

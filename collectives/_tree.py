@@ -69,7 +69,7 @@ class GTopk(SparseAllreduce):
         xp = kernels.array_module(acc)
         k = st.k
         with comm.phase("select"):
-            idx, vals = kernels.topk_select(acc, k)
+            idx, vals = kernels.topk_select(acc, k, work=self.kernel_work(acc))
             acc[idx] = 0
         st.selected_local = int(idx.size)
         d = 1

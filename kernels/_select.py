@@ -36,6 +36,22 @@ def _check_k(k: int, n: int, lo: int = 0):
         raise ValueError(f"k must be in [{lo}, {n}], got {k}")
 
 
+def _host_work(x, work):
+    """``work`` if it may serve ``x`` (numpy input), else None.
+
+    ``work(tag, size, dtype)`` hands out a reusable 1-D scratch array (contents
+    undefined; the caller's, e.g. ``Algorithm.scratch``): on a CPU a fresh
+    temporary of a large vector costs a page-zeroing pass of its own (about a
+    fifth of an exact top-k of 2^24 floats; BENCHMARKS).  cupy has its memory pool.
+    """
+    return work if work is not None and isinstance(x, np.ndarray) else None
+
+
+def _magnitudes(x, work):
+    """|x| (flat) into ``work``'s buffer."""
+    return np.abs(x.reshape(-1), out=work("mag", x.size, x.dtype))
+
+
 def topk_indices(x, k: int):
     """Indices (sorted, int32) of the ``k`` largest-magnitude entries of flat ``x``.
 
@@ -51,8 +67,9 @@ def topk_indices(x, k: int):
     return _topk_indices_xp(x, k)
 
 
-def _topk_indices_xp(x, k: int):
-    """Generic (numpy or cupy) exact top-k: partition, then ties by position."""
+def _topk_indices_xp(x, k: int, work=None):
+    """Generic (numpy or cupy) exact top-k: partition, then ties by position.
+    ``work``: scratch for the temporaries (numpy; see :func:`_host_work`)."""
     xp = array_module(x)
     n = x.size
     itype = index_dtype(n)
@@ -60,23 +77,41 @@ def _topk_indices_xp(x, k: int):
         return xp.empty(0, dtype=itype)
     if k == n:
         return xp.arange(n, dtype=itype)
-    mag = xp.abs(x)
-    thr = xp.partition(mag, n - k)[n - k]  # exact k-th largest magnitude
-    above = xp.flatnonzero(mag > thr)
-    need = k - above.size
-    ties = xp.flatnonzero(mag == thr)[:need]
+    work = _host_work(x, work)
+    if work is None:
+        mag = xp.abs(x)
+        thr = xp.partition(mag, n - k)[n - k]  # exact k-th largest magnitude
+        above = xp.flatnonzero(mag > thr)
+        need = k - above.size
+        ties = xp.flatnonzero(mag == thr)[:need]
+    else:
+        mag = _magnitudes(x, work)
+        part = work("part", n, mag.dtype)
+        part[:] = mag
+        part.partition(n - k)
+        thr = part[n - k]
+        mask = work("mask", n, np.bool_)
+        above = np.flatnonzero(np.greater(mag, thr, out=mask))
+        need = k - above.size
+        ties = np.flatnonzero(np.equal(mag, thr, out=mask))[:need]
     idx = xp.concatenate([above, ties])
     idx.sort()
     return idx.astype(itype, copy=False)
 
 
-def kth_magnitude(x, k: int) -> float:
-    """The exact k-th largest |x| (the top-k threshold); 1 <= k <= n."""
+def kth_magnitude(x, k: int, *, work=None) -> float:
+    """The exact k-th largest |x| (the top-k threshold); 1 <= k <= n.
+    ``work``: scratch for |x| (numpy; see :func:`_host_work`)."""
     n = x.size
     _check_k(k, n, lo=1)
     cu = fast_float32(x)
     if cu is not None:
         return cu.kth_magnitude(cu.prepare(x), k)
+    work = _host_work(x, work)
+    if work is not None:
+        mag = _magnitudes(x, work)
+        mag.partition(n - k)  # in place: the buffer is ours
+        return float(mag[n - k])
     xp = array_module(x)
     return float(xp.partition(xp.abs(x), n - k)[n - k])
 
@@ -104,17 +139,24 @@ def sampled_threshold(x, k: int, *, sample: int = 1 << 16) -> float:
     return kth_magnitude(sub, ks)
 
 
-def threshold_select(x, threshold: float):
+def threshold_select(x, threshold: float, *, work=None):
     """COO of entries with ``|x| >= threshold``: (int32 indices sorted, values).
 
     The comparison is NumPy's: a Python float threshold is rounded to x's
-    dtype, a float64 scalar compares in float64.
+    dtype, a float64 scalar compares in float64.  ``work``: scratch for the
+    temporaries (numpy; see :func:`_host_work`).
     """
     cu = fast_float32(x)
     if cu is not None:
         return cu.threshold_select(cu.prepare(x), threshold)
     xp = array_module(x)
-    idx = xp.flatnonzero(xp.abs(x) >= weak_threshold(x, threshold))
+    work = _host_work(x, work)
+    if work is not None:
+        mask = np.greater_equal(_magnitudes(x, work), weak_threshold(x, threshold),
+                                out=work("mask", x.size, np.bool_))
+        idx = np.flatnonzero(mask)
+    else:
+        idx = xp.flatnonzero(xp.abs(x) >= weak_threshold(x, threshold))
     idx = idx.astype(index_dtype(x.size), copy=False)
     return idx, x.reshape(-1)[idx]
 
@@ -159,15 +201,16 @@ def threshold_select_ef(residual, x, threshold: float):
     return idx, vals
 
 
-def topk_select(x, k: int):
-    """COO of the exact top-k by magnitude: (indices sorted, values)."""
+def topk_select(x, k: int, *, work=None):
+    """COO of the exact top-k by magnitude: (indices sorted, values).
+    ``work``: scratch for the temporaries (numpy; see :func:`_host_work`)."""
     n = x.size
     _check_k(k, n)
     if 0 < k < n:
         cu = fast_float32(x)
         if cu is not None:
             return cu.topk_select(cu.prepare(x), k)
-    idx = _topk_indices_xp(x, k)
+    idx = _topk_indices_xp(x, k, work)
     return idx, x.reshape(-1)[idx]
 
 
