@@ -84,10 +84,10 @@ PLANS = {
         algo_budget_s=0.3, compute_log2n=[12, 14, 16, 18, 20], compute_repeat=5, xi_steps=40,
         xi_every=4, xi_densities=[0.001, 0.01, 0.05, 0.1]),
     "full": dict(
-        log2_bytes=list(range(2, 26)), half_octaves=True, prim_warmup=3, prim_repeat=11,
+        log2_bytes=list(range(2, 27)), half_octaves=True, prim_warmup=3, prim_repeat=11,
         prim_budget_s=4.0,
         algo_log2n=[12, 14, 16, 18, 20], densities=[0.001, 0.01, 0.05], algo_warmup=5,
-        algo_repeat=7, algo_budget_s=3.0, lossless_log2n=[22, 23], odd_process_counts=True,
+        algo_repeat=7, algo_budget_s=3.0, lossless_log2n=[22, 23, 24], odd_process_counts=True,
         compute_log2n=[12, 14, 16, 18, 20, 22],
         compute_repeat=7, xi_steps=300, xi_every=10, xi_densities=[0.001, 0.01, 0.05, 0.1]),
 }

@@ -256,9 +256,10 @@ def test_heldout_mask_keeps_the_ends_in_the_fit():
 
 
 def test_full_plan_samples_twice_per_octave():
-    sizes = profiler.primitive_sizes(profiler.PLANS["full"], 32 << 20)
-    assert sizes == sorted(set(sizes)) and sizes[0] == 4 and sizes[-1] == 32 << 20
-    assert all(s % 4 == 0 for s in sizes) and len(sizes) == 45
+    sizes = profiler.primitive_sizes(profiler.PLANS["full"], 64 << 20)
+    assert sizes == sorted(set(sizes)) and sizes[0] == 4 and sizes[-1] == 64 << 20
+    assert all(s % 4 == 0 for s in sizes) and len(sizes) == 47
+    assert len(profiler.primitive_sizes(profiler.PLANS["full"], 32 << 20)) == 45
     assert 24 in sizes and 46340 in sizes  # 2^4.5 and 2^15.5, rounded to whole float32
     assert profiler.primitive_sizes(profiler.PLANS["quick"], 4 << 20) == [
         1 << e for e in range(2, 23)]
