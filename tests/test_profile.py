@@ -214,7 +214,7 @@ def test_same_machine_is_not_foreign():
 # -- shipped profiles ----------------------------------------------------------------
 @pytest.mark.parametrize("path", SHIPPED, ids=[p.name for p in SHIPPED])
 def test_shipped_profiles_load(path):
-    assert path.stat().st_size < 300_000
+    assert path.stat().st_size < 400_000  # 8-rank profiles with runs at 5 process counts: ~300 kB
     prof = Profile.load(path)
     assert set(prof.primitives) >= {"p2p", "allgather", "allreduce"}
     for name, rec in prof.primitives.items():
