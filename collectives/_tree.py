@@ -68,10 +68,7 @@ class GTopk(SparseAllreduce):
         comm, P, rank = self.comm, self.comm.size, self.comm.rank
         xp = kernels.array_module(acc)
         k = st.k
-        with comm.phase("select"):
-            idx, vals = kernels.topk_select(acc, k, work=self.kernel_work(acc))
-            acc[idx] = 0
-        st.selected_local = int(idx.size)
+        idx, vals = self._take_topk(acc, st)
         d = 1
         while d < P:
             if rank % (2 * d) == d:
