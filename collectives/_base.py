@@ -214,7 +214,7 @@ class Algorithm(abc.ABC):
 
     def kernel_work(self, ref):
         """The ``work`` callable the selection kernels take: scratch on ``ref``'s
-        device under the kernels' own tags (see ``kernels._select._host_work``)."""
+        device under the kernels' own tags (see ``kernels._select._workspace``)."""
         return lambda tag, size, dtype: self.scratch(ref, size, dtype, "kernel:" + tag)
 
     def __call__(self, x, *, name: str | None = None, density: float | None = None,

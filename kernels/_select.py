@@ -36,20 +36,24 @@ def _check_k(k: int, n: int, lo: int = 0):
         raise ValueError(f"k must be in [{lo}, {n}], got {k}")
 
 
-def _host_work(x, work):
-    """``work`` if it may serve ``x`` (numpy input), else None.
+def _workspace(x, work):
+    """The allocator of the generic path's temporaries: ``work`` for numpy input
+    when given, else fresh arrays of x's module.
 
     ``work(tag, size, dtype)`` hands out a reusable 1-D scratch array (contents
     undefined; the caller's, e.g. ``Algorithm.scratch``): on a CPU a fresh
     temporary of a large vector costs a page-zeroing pass of its own (about a
     fifth of an exact top-k of 2^24 floats; BENCHMARKS).  cupy has its memory pool.
     """
-    return work if work is not None and isinstance(x, np.ndarray) else None
+    if work is not None and isinstance(x, np.ndarray):
+        return work
+    xp = array_module(x)
+    return lambda tag, size, dtype: xp.empty(size, dtype=dtype)
 
 
 def _magnitudes(x, work):
-    """|x| (flat) into ``work``'s buffer."""
-    return np.abs(x.reshape(-1), out=work("mag", x.size, x.dtype))
+    """|x| (flat) into a ``work`` buffer."""
+    return array_module(x).abs(x.reshape(-1), out=work("mag", x.size, x.dtype))
 
 
 def topk_indices(x, k: int):
@@ -69,7 +73,7 @@ def topk_indices(x, k: int):
 
 def _topk_indices_xp(x, k: int, work=None):
     """Generic (numpy or cupy) exact top-k: partition, then ties by position.
-    ``work``: scratch for the temporaries (numpy; see :func:`_host_work`)."""
+    ``work``: scratch for the temporaries (numpy; see :func:`_workspace`)."""
     xp = array_module(x)
     n = x.size
     itype = index_dtype(n)
@@ -77,23 +81,16 @@ def _topk_indices_xp(x, k: int, work=None):
         return xp.empty(0, dtype=itype)
     if k == n:
         return xp.arange(n, dtype=itype)
-    work = _host_work(x, work)
-    if work is None:
-        mag = xp.abs(x)
-        thr = xp.partition(mag, n - k)[n - k]  # exact k-th largest magnitude
-        above = xp.flatnonzero(mag > thr)
-        need = k - above.size
-        ties = xp.flatnonzero(mag == thr)[:need]
-    else:
-        mag = _magnitudes(x, work)
-        part = work("part", n, mag.dtype)
-        part[:] = mag
-        part.partition(n - k)
-        thr = part[n - k]
-        mask = work("mask", n, np.bool_)
-        above = np.flatnonzero(np.greater(mag, thr, out=mask))
-        need = k - above.size
-        ties = np.flatnonzero(np.equal(mag, thr, out=mask))[:need]
+    work = _workspace(x, work)
+    mag = _magnitudes(x, work)
+    part = work("part", n, mag.dtype)
+    part[...] = mag
+    part.partition(n - k)
+    thr = part[n - k]  # exact k-th largest magnitude
+    mask = work("mask", n, np.bool_)
+    above = xp.flatnonzero(xp.greater(mag, thr, out=mask))
+    need = k - above.size
+    ties = xp.flatnonzero(xp.equal(mag, thr, out=mask))[:need]
     idx = xp.concatenate([above, ties])
     idx.sort()
     return idx.astype(itype, copy=False)
@@ -101,19 +98,15 @@ def _topk_indices_xp(x, k: int, work=None):
 
 def kth_magnitude(x, k: int, *, work=None) -> float:
     """The exact k-th largest |x| (the top-k threshold); 1 <= k <= n.
-    ``work``: scratch for |x| (numpy; see :func:`_host_work`)."""
+    ``work``: scratch for |x| (numpy; see :func:`_workspace`)."""
     n = x.size
     _check_k(k, n, lo=1)
     cu = fast_float32(x)
     if cu is not None:
         return cu.kth_magnitude(cu.prepare(x), k)
-    work = _host_work(x, work)
-    if work is not None:
-        mag = _magnitudes(x, work)
-        mag.partition(n - k)  # in place: the buffer is ours
-        return float(mag[n - k])
-    xp = array_module(x)
-    return float(xp.partition(xp.abs(x), n - k)[n - k])
+    mag = _magnitudes(x, _workspace(x, work))
+    mag.partition(n - k)  # in place: the buffer is ours
+    return float(mag[n - k])
 
 
 def sampled_threshold(x, k: int, *, sample: int = 1 << 16) -> float:
@@ -144,20 +137,16 @@ def threshold_select(x, threshold: float, *, work=None):
 
     The comparison is NumPy's: a Python float threshold is rounded to x's
     dtype, a float64 scalar compares in float64.  ``work``: scratch for the
-    temporaries (numpy; see :func:`_host_work`).
+    temporaries (numpy; see :func:`_workspace`).
     """
     cu = fast_float32(x)
     if cu is not None:
         return cu.threshold_select(cu.prepare(x), threshold)
     xp = array_module(x)
-    work = _host_work(x, work)
-    if work is not None:
-        mask = np.greater_equal(_magnitudes(x, work), weak_threshold(x, threshold),
-                                out=work("mask", x.size, np.bool_))
-        idx = np.flatnonzero(mask)
-    else:
-        idx = xp.flatnonzero(xp.abs(x) >= weak_threshold(x, threshold))
-    idx = idx.astype(index_dtype(x.size), copy=False)
+    work = _workspace(x, work)
+    mask = xp.greater_equal(_magnitudes(x, work), weak_threshold(x, threshold),
+                            out=work("mask", x.size, np.bool_))
+    idx = xp.flatnonzero(mask).astype(index_dtype(x.size), copy=False)
     return idx, x.reshape(-1)[idx]
 
 
@@ -203,7 +192,7 @@ def threshold_select_ef(residual, x, threshold: float):
 
 def topk_select(x, k: int, *, work=None):
     """COO of the exact top-k by magnitude: (indices sorted, values).
-    ``work``: scratch for the temporaries (numpy; see :func:`_host_work`)."""
+    ``work``: scratch for the temporaries (numpy; see :func:`_workspace`)."""
     n = x.size
     _check_k(k, n)
     if 0 < k < n:
