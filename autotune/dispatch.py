@@ -14,7 +14,10 @@ from __future__ import annotations
 import logging
 import os
 import time
+import zlib
 from dataclasses import dataclass
+
+import numpy as np
 
 import collectives
 from collectives import ALGORITHMS, validate
@@ -39,10 +42,11 @@ class Choice:
     explanation: str = ""
 
 
-_STATE: dict = {"comm": None, "algos": {}, "selector": None, "profile": None, "choices": {}}
+_STATE: dict = {"comm": None, "algos": {}, "selector": None, "profile": None, "choices": {},
+                "options": {}}
 
 
-def init(comm=None, *, profile=None):
+def init(comm=None, *, profile=None, options: dict | None = None):
     """Set up the communicator (MPI world by default) and, optionally, a profile.
 
     Args:
@@ -50,10 +54,15 @@ def init(comm=None, *, profile=None):
         profile: path to a profile JSON (or an autotune.profile.Profile) that
             ``algorithm="auto"`` decides from; default ``$AUTOTUNE_PROFILE``.
             Only rank 0's profile matters: it decides and broadcasts.
+        options: constructor keywords per algorithm, e.g.
+            ``{"oktopk": {"residuals": "owner", "budget": 2.0}}``; they must
+            agree across ranks (checked: every rank raises otherwise).  An
+            algorithm whose options change starts afresh (its error-feedback
+            residuals are dropped), so set them before the first call.
     Returns:
         the Communicator in use.
     """
-    if comm is None and _STATE["comm"] is not None and profile is None:
+    if comm is None and _STATE["comm"] is not None and profile is None and options is None:
         return _STATE["comm"]
     if comm is None:
         comm = _STATE["comm"] or collectives.MPICommunicator()
@@ -61,6 +70,8 @@ def init(comm=None, *, profile=None):
         comm = collectives.MPICommunicator(comm)
     if comm is not _STATE["comm"]:
         _STATE.update(comm=comm, algos={}, choices={})
+    if options is not None:
+        _set_options(comm, options)
     profile = profile if profile is not None else os.environ.get("AUTOTUNE_PROFILE")
     if profile is not None and comm.rank == 0:
         from .profile import Profile
@@ -81,8 +92,57 @@ def algorithm_instance(name: str):
     if name not in algos:
         if name not in ALGORITHMS:
             raise ValueError(f"unknown algorithm {name!r}; registered: {sorted(ALGORITHMS)}")
-        algos[name] = ALGORITHMS[name](comm)
+        algos[name] = ALGORITHMS[name](comm, **_STATE["options"].get(name, {}))
     return algos[name]
+
+
+def parse_value(text: str):
+    """A command-line option value: int, else float, else the text itself."""
+    for conv in (int, float):
+        try:
+            return conv(text)
+        except ValueError:
+            pass
+    return text
+
+
+def parse_options(items) -> dict:
+    """``["oktopk.residuals=owner", "oktopk.tau=16"]`` -> ``{"oktopk": {...}}``
+    (the ``options`` of :func:`init`, from ALGO.KEY=VALUE strings)."""
+    out: dict = {}
+    for item in items:
+        key, eq, val = item.partition("=")
+        algo, dot, opt = key.partition(".")
+        if not (eq and dot and algo and opt):
+            raise ValueError(f"{item!r}: expected ALGO.KEY=VALUE")
+        out.setdefault(algo, {})[opt] = parse_value(val)
+    return out
+
+
+def _set_options(comm, options: dict) -> None:
+    """Check ``options`` (same on every rank, known algorithms, accepted by
+    their constructors) and install them; every rank raises the same error."""
+    problem = ""
+    if not isinstance(options, dict) or not all(isinstance(v, dict) for v in options.values()):
+        problem = "options must map algorithm names to dicts of keywords"
+    else:
+        unknown = sorted(set(options) - set(ALGORITHMS))
+        if unknown:
+            problem = f"options for unknown algorithms {unknown}; registered: {sorted(ALGORITHMS)}"
+    canon = repr(sorted((a, sorted(kw.items())) for a, kw in options.items())) if not problem else ""
+    mine = [zlib.crc32(canon.encode()), int(bool(problem))]
+    table = comm.allgather_ints(mine) if comm.size > 1 else np.asarray([mine], dtype=np.int64)
+    if table[:, 1].any():
+        raise ValueError(problem or f"algorithm options invalid on ranks "
+                                    f"{np.flatnonzero(table[:, 1]).tolist()}")
+    if (table[:, 0] != table[0, 0]).any():
+        raise ValueError(f"algorithm options differ across ranks (rank {comm.rank}: {options!r})")
+    for name, kw in options.items():
+        ALGORITHMS[name](comm, **kw)           # the constructor's own checks (same on all ranks)
+    for name in set(options) | set(_STATE["options"]):
+        if options.get(name, {}) != _STATE["options"].get(name, {}):
+            _STATE["algos"].pop(name, None)
+    _STATE["options"] = {name: dict(kw) for name, kw in options.items()}
 
 
 def decisions() -> dict:

@@ -22,6 +22,7 @@ _RADIX_BITS = 4    # bits resolved per round of the global k-th magnitude search
 _REDUCE_CAP = 5 / 4  # largest reduce-step quota Q, in units of the fair share k(P-1)/P
 _TAG_REDUCE = 40
 _TAG_BALANCE = 50
+_RESIDUAL_RULES = ("contributor", "owner")
 
 
 # -- host-side planning (pure, deterministic: every rank computes the same) ----
@@ -268,10 +269,14 @@ class OkTopk(SparseAllreduce):
          exceeds the budget; surplus owners move entries to deficit ranks
          until every rank holds G/P, then allgatherv.  Every rank builds the
          output from the identical gathered arrays (bitwise identical).
-      6. Residuals: an entry leaves a rank's residual only if that rank
-         contributed it (selected and actually sent, or in its own region)
-         and it is in the global result; everything else stays, so
-         sum(outputs) + sum(residuals) == sum(inputs).
+      6. Residuals (``residuals="contributor"``, the paper's rule): an entry
+         leaves a rank's residual only if that rank contributed it (selected
+         and actually sent, or in its own region) and it is in the global
+         result; everything else stays, so
+         sum(outputs) + sum(residuals) == sum(inputs).  With
+         ``residuals="owner"`` everything a rank sent leaves its residual and
+         each owner keeps the reduced sums the global result did not take
+         (as gTopk's merging ranks do); the same sum holds.
 
     Cost (paper Table 1): (2P + 2 log P) alpha +
     [2k(P-1)/P, 6k(P-1)/P] beta.  Reduce ~2k(P-1)/P words when boundaries
@@ -321,6 +326,16 @@ class OkTopk(SparseAllreduce):
         full reduce step and one allgathered entry), which only binds when
         k is small next to P or the control messages.
 
+      * ``residuals`` ("contributor" or "owner"): where a value that was
+        sent but not globally selected waits.  Under the paper's rule each
+        contributor keeps its part, selects it again next call and sends it
+        again (about 2/3 of a rank's local top-k repeats from call to call on
+        the quality study's data); under "owner" the region's owner keeps
+        the partial sum, which it re-selects inside its own region without
+        sending it.  On that study (P = 4, n = 2^18, 1%) "owner" captures
+        0.476 of the exact global top-k's norm against 0.410 and sends 4%
+        fewer bytes (docs/BENCHMARKS.md, "Where unselected sums wait").
+
     Example::
 
         algo = OkTopk(MPICommunicator(), tau=64, tau_prime=32)
@@ -333,7 +348,7 @@ class OkTopk(SparseAllreduce):
                  bands: tuple[float, float] = (2 / 3, 5 / 4), scale: float = 1.012,
                  gain: float = 0.1, local_cap: float = 1.0, rebalance: float = 1.05,
                  window: int = 4, reduce_cap: float = 1.0, budget: float | None = None,
-                 **kw):
+                 residuals: str = "contributor", **kw):
         lo, hi = bands
         if not (0 < lo <= 1 <= hi):
             raise ValueError(f"bands must satisfy 0 < lo <= 1 <= hi, got {bands!r}")
@@ -349,11 +364,14 @@ class OkTopk(SparseAllreduce):
             raise ValueError(f"window must be >= 1, got {window!r}")
         if not (1.0 <= reduce_cap <= _REDUCE_CAP):
             raise ValueError(f"reduce_cap must be in [1, {_REDUCE_CAP}], got {reduce_cap!r}")
+        if residuals not in _RESIDUAL_RULES:
+            raise ValueError(f"residuals must be one of {_RESIDUAL_RULES}, got {residuals!r}")
         if budget is not None and not (reduce_cap < budget <= 3.0):
             raise ValueError(f"budget must be in (reduce_cap, 3] = ({reduce_cap}, 3] units of "
                              f"the lower bound 2k(P-1)/P words, got {budget!r}")
         super().__init__(comm, tau=tau, tau_prime=tau_prime, **kw)
         self.budget = None if budget is None else float(budget)
+        self.residuals = residuals
         self.bands = (float(lo), float(hi))
         self.scale = float(scale)
         self.gain = float(gain)
@@ -500,7 +518,11 @@ class OkTopk(SparseAllreduce):
             # result's values are never 0 (selections skip zeros), so out != 0 marks
             # its indices: no index mask, no data-dependent compaction (a host sync).
             mine = xp.concatenate([own_i] + [send_i[j] for j in range(P) if j != rank])
-            acc[mine] = xp.where(out[mine] != 0, acc.dtype.type(0), acc[mine])
+            if self.residuals == "contributor":
+                acc[mine] = xp.where(out[mine] != 0, acc.dtype.type(0), acc[mine])
+            else:  # "owner": what was sent left; the owner keeps the sums not in the result
+                acc[mine] = 0
+                acc[red_i] += xp.where(out[red_i] != 0, acc.dtype.type(0), red_v)
         st.selected_global = G
         stats.update(global_candidates=total, G=G, g=g.tolist(), q=q.tolist(),
                      blocks=blk.tolist(), reduce_sent=S.tolist(), reduce_recv=R.tolist(),

@@ -49,6 +49,9 @@ def parser(description: str, *, epochs: int, batch_size: int, lr: float,
                         "reduced velocity is clipped)")
     p.add_argument("--tau-prime", type=int, default=None,
                    help="sparse algorithms' threshold refresh interval tau' (default 32)")
+    p.add_argument("--option", action="append", default=[], metavar="ALGO.KEY=VALUE",
+                   help="an algorithm's constructor option, e.g. oktopk.residuals=owner "
+                        "(repeatable; autotune.init(options=...))")
     p.add_argument("--layout", choices=("flat", "layer"), default="flat",
                    help="one flat buffer for the model (as the Ok-Topk reference) or per layer")
     p.add_argument("--integration", choices=("optimizer", "ddp"), default="optimizer",
@@ -75,12 +78,16 @@ def setup(args) -> torch.device:
     """
     if args.backend == "nccl" and args.device != "cuda":
         raise SystemExit("--backend nccl needs --device cuda")
+    try:
+        options = autotune.dispatch.parse_options(args.option)
+    except ValueError as e:
+        raise SystemExit(f"--option: {e}")
     if args.backend == "nccl":
         import collectives
 
-        comm = autotune.init(collectives.NCCLCommunicator())
+        comm = autotune.init(collectives.NCCLCommunicator(), options=options)
     else:
-        comm = autotune.init()
+        comm = autotune.init(options=options)
     if args.device == "cpu":
         return torch.device("cpu")
     if not torch.cuda.is_available():

@@ -49,3 +49,30 @@ def test_torch_roundtrip():
     t = torch.randn(4, 6)
     out = autotune.allreduce(t, name="t", algorithm="topka", density=0.5)
     assert isinstance(out, torch.Tensor) and out.shape == t.shape and out.dtype == t.dtype
+
+
+def test_algorithm_options_single_process():
+    autotune.init(options={"oktopk": {"residuals": "owner"}})
+    try:
+        assert autotune.algorithm_instance("oktopk").residuals == "owner"
+        with pytest.raises(ValueError, match="unknown algorithms"):
+            autotune.init(options={"nope": {}})
+        with pytest.raises(ValueError, match="residuals"):
+            autotune.init(options={"oktopk": {"residuals": "everyone"}})
+        with pytest.raises(TypeError):
+            autotune.init(options={"oktopk": {"no_such_option": 1}})
+        # a rejected call leaves the options in force
+        assert autotune.algorithm_instance("oktopk").residuals == "owner"
+    finally:
+        autotune.init(options={})
+    assert autotune.algorithm_instance("oktopk").residuals == "contributor"
+
+
+def test_parse_options():
+    from autotune.dispatch import parse_options
+
+    assert parse_options(["oktopk.residuals=owner", "oktopk.tau=16", "oktopk.budget=2.0"]) == \
+        {"oktopk": {"residuals": "owner", "tau": 16, "budget": 2.0}}
+    for bad in ("oktopk", "residuals=owner", ".tau=1", "oktopk.=1"):
+        with pytest.raises(ValueError, match="ALGO.KEY=VALUE"):
+            parse_options([bad])

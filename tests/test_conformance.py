@@ -6,6 +6,7 @@ The suite itself lives in tests/mpi/conformance.py (one runner, applied to
 import pytest
 
 from collectives import ALGORITHMS
+from tests.mpi import VARIANTS
 
 
 @pytest.mark.mpi
@@ -17,3 +18,5 @@ def test_conformance(mpirun, nprocs):
         if "mpi" not in cls.backends:
             continue
         assert f"  {name} " in out or f"  {name:10s} ok" in out
+    for spec in VARIANTS:
+        assert f"  {spec} " in out or f"  {spec:10s} ok" in out

@@ -96,16 +96,15 @@ def run(comm, *, n: int, density: float, iters: int, warmup: int, algorithms, se
 
 
 def parse_spec(spec: str):
-    """``name`` or ``name@key=value,...`` (e.g. ``oktopk@tau=1``): an algorithm
-    with constructor keywords, numbers parsed as int or float."""
+    """``name`` or ``name@key=value+...`` (e.g. ``oktopk@tau=1``): an algorithm
+    with constructor keywords, parsed as int, else float, else kept as text."""
+    from autotune.dispatch import parse_value
+
     name, _, rest = spec.partition("@")
     kw = {}
     for item in filter(None, rest.split("+")):
         key, _, val = item.partition("=")
-        try:
-            kw[key] = int(val)
-        except ValueError:
-            kw[key] = float(val)
+        kw[key] = parse_value(val)
     return name, kw
 
 

@@ -9,6 +9,8 @@ invariants:
      sum(outputs) + sum(residuals over ranks) == sum(inputs over ranks);
   4. measured traffic per rank within the algorithm's bound;
   6. bad input gives the same clear error on every rank.
+Every registered algorithm runs, and the VARIANTS (name@key=value: an algorithm
+with non-default constructor options).
 Run:  mpiexec -n 4 python -m tests.mpi.conformance [--quick] [--algorithms a,b]
           [--backend mpi|nccl] [--array numpy|cupy|torch]
 (--array cupy/torch put the data on the GPU; torch goes through autotune.allreduce
@@ -27,8 +29,9 @@ import numpy as np
 from mpi4py import MPI
 
 import kernels
+from autotune.studies.traffic import parse_spec
 from collectives import ALGORITHMS, MPICommunicator
-from tests.mpi import abort_job
+from tests.mpi import VARIANTS, abort_job
 
 WORLD = MPI.COMM_WORLD
 RANK, P = WORLD.Get_rank(), WORLD.Get_size()
@@ -112,15 +115,16 @@ def to_host(a) -> np.ndarray:
 class Caller:
     """Calls one algorithm on the configured backend and array type."""
 
-    def __init__(self, name: str):
-        self.algo = ALGORITHMS[name](communicator())
+    def __init__(self, spec: str):
+        name, kw = parse_spec(spec)
+        self.algo = ALGORITHMS[name](communicator(), **kw)
         self.name = name
         _CASE[0] += 1
         self.tensor = f"t{_CASE[0]}"
         if OPTS["array"] == "torch":
             import autotune
 
-            autotune.init(communicator())
+            autotune.init(communicator(), options={name: kw})
 
     @staticmethod
     def _device(x: np.ndarray, asarray):
@@ -267,7 +271,8 @@ def run_bad(name: str, case: str, rng) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="small sizes only")
-    ap.add_argument("--algorithms", default=",".join(ALGORITHMS))
+    ap.add_argument("--algorithms", default=",".join([*ALGORITHMS, *VARIANTS]),
+                    help="registered names, or name@key=value+... for a variant")
     ap.add_argument("--density", type=float, default=0.05)
     ap.add_argument("--backend", choices=["mpi", "nccl"], default="mpi")
     ap.add_argument("--array", choices=["numpy", "cupy", "torch"], default="numpy")
@@ -276,7 +281,8 @@ def main(argv=None) -> int:
     seed = int(os.environ.get("CONFORMANCE_SEED", time.time_ns() % 2**32))
     seed = WORLD.bcast(seed, 0)
     rng = np.random.default_rng([seed, RANK])
-    names = [a for a in args.algorithms.split(",") if a and ALGORITHMS[a].supports(communicator())]
+    names = [a for a in args.algorithms.split(",")
+             if a and ALGORITHMS[parse_spec(a)[0]].supports(communicator())]
     sizes = [1, max(1, P - 1), 1001, 4096 + 7] + ([] if args.quick else [2**20])
     dists = ["gaussian", "heavy", "ties", "hot", "equal"]
     if RANK == 0:
@@ -297,7 +303,7 @@ def main(argv=None) -> int:
                         current = f"{name} n={n} dist={dist} density={density}"
                         run_case(name, n, dist, density, iters, rng)
                         cases += 1
-                        if not ALGORITHMS[name].lossy:
+                        if not ALGORITHMS[parse_spec(name)[0]].lossy:
                             break
             for case in BAD_CASES:
                 current = f"{name} bad input {case}"

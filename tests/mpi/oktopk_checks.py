@@ -14,6 +14,8 @@ Cases (all by default; ``--cases a,b`` to pick):
                  searched (its phase appears) only then.
   hot            all ranks' values in one region: payload per rank within
                  6k(P-1)/P words every call; conservation; identical outputs.
+  owner          residuals="owner": the bounds and conservation, and what a rank
+                 sent leaves its residual (the owner keeps unselected sums).
   stale          the hot region jumps after the boundaries were fixed (tau
                  large, rebalancing off): the reduce quotas hold the owner
                  to Q, the payload stays within 6k(P-1)/P words, nothing lost.
@@ -293,9 +295,41 @@ def case_budget(rng):
             check(min(kept[1:]) < k, f"budget never bound on the hot region: kept {kept}")
 
 
+def case_owner(rng):
+    """residuals="owner": bounds, identical outputs and conservation on heavy-tailed
+    and hot data; and a value a rank sent to another region's owner leaves the
+    sender's residual even where the global result did not take it (under the
+    default contributor rule it would stay), checked on a first call."""
+    comm = MPICommunicator(WORLD)
+    n, density = 1 << 16, 0.01
+    lo, hi = n // 3, n // 3 + n // 10
+
+    def hot(it):
+        x = rng.standard_t(2, n).astype(np.float32) * 1e-3
+        x[lo:hi] = rng.standard_normal(hi - lo) * 10
+        return x
+
+    for label, xs in (("heavy", lambda it: rng.standard_t(2, n).astype(np.float32)),
+                      ("hot", hot)):
+        _run_bounded(OkTopk(comm, residuals="owner"), xs, 12, density, n, f"owner {label}")
+    if P > 1:
+        for rule in ("owner", "contributor"):
+            algo = OkTopk(comm, residuals=rule, tau_prime=1)
+            x = rng.standard_t(2, n).astype(np.float32)
+            out = algo(x.copy(), name="u", density=density)
+            st = algo.state("u")
+            elsewhere = np.ones(n, bool)
+            elsewhere[st.boundaries[RANK]:st.boundaries[RANK + 1]] = False
+            gone = int((elsewhere & (st.residual == 0) & (x != 0) & (out == 0)).sum())
+            gone = WORLD.allreduce(gone)
+            check((gone > 0) == (rule == "owner"),
+                  f"residuals={rule}: {gone} values sent but not in the result left the senders")
+
+
 CASES = {"global-kth": case_global_kth, "boundaries": case_boundaries, "exact": case_exact, "reduce-cap": case_reduce_cap,
          "refresh": case_refresh,
-         "hot": case_hot, "stale": case_stale, "budget": case_budget}
+         "hot": case_hot, "stale": case_stale, "budget": case_budget,
+         "owner": case_owner}
 
 
 def main(argv=None) -> int:
