@@ -19,6 +19,8 @@ import numpy as np
 import collectives
 from collectives import ALGORITHMS, timeit
 
+from .dispatch import parse_spec
+
 
 def sweep(comm, sizes, algorithms, density: float, repeat: int, warmup: int, seed: int = 0,
           progress=None, device: str = "cpu", baseline: str = "mpi"):
@@ -36,7 +38,8 @@ def sweep(comm, sizes, algorithms, density: float, repeat: int, warmup: int, see
             x = cupy.asarray(x)
         base = None
         for name in algorithms:
-            algo = ALGORITHMS[name](comm, check_finite=False)
+            base_name, kw = parse_spec(name)
+            algo = ALGORITHMS[base_name](comm, check_finite=False, **kw)
             splits = []
 
             def call():
@@ -89,7 +92,7 @@ def main(args) -> int:
              [base] + [a for a, c in ALGORITHMS.items() if a != base and c.supports(comm)])
     if base not in algos:
         algos = [base] + algos
-    unknown = [a for a in algos if a not in ALGORITHMS]
+    unknown = [a for a in algos if parse_spec(a)[0] not in ALGORITHMS]
     if unknown:
         if comm.rank == 0:
             print(f"unknown algorithm(s) {unknown}; registered: {sorted(ALGORITHMS)}", file=sys.stderr)

@@ -41,7 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--np", type=int, help="launch this many ranks with mpiexec")
     b.add_argument("--log2n", default="16:24", help="range of log2(n), e.g. 16:24")
     b.add_argument("--density", type=float, default=0.01)
-    b.add_argument("--algorithms", default="", help="comma-separated (default: all)")
+    b.add_argument("--algorithms", default="",
+                   help="comma-separated (default: all); name@key=value+... for options, "
+                        "e.g. oktopk@residuals=owner")
     b.add_argument("--repeat", type=int, default=10)
     b.add_argument("--warmup", type=int, default=3)
     b.add_argument("--out", help="write the raw rows as JSON")

@@ -106,6 +106,17 @@ def parse_value(text: str):
     return text
 
 
+def parse_spec(spec: str):
+    """``name`` or ``name@key=value+...`` (e.g. ``oktopk@residuals=owner+tau=16``):
+    an algorithm and its constructor keywords (values as in :func:`parse_value`)."""
+    name, _, rest = spec.partition("@")
+    kw = {}
+    for item in filter(None, rest.split("+")):
+        key, _, val = item.partition("=")
+        kw[key] = parse_value(val)
+    return name, kw
+
+
 def parse_options(items) -> dict:
     """``["oktopk.residuals=owner", "oktopk.tau=16"]`` -> ``{"oktopk": {...}}``
     (the ``options`` of :func:`init`, from ALGO.KEY=VALUE strings)."""

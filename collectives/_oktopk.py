@@ -22,7 +22,7 @@ _RADIX_BITS = 4    # bits resolved per round of the global k-th magnitude search
 _REDUCE_CAP = 5 / 4  # largest reduce-step quota Q, in units of the fair share k(P-1)/P
 _TAG_REDUCE = 40
 _TAG_BALANCE = 50
-_RESIDUAL_RULES = ("contributor", "owner")
+_RESIDUAL_RULES = ("owner", "contributor")
 
 
 # -- host-side planning (pure, deterministic: every rank computes the same) ----
@@ -269,14 +269,14 @@ class OkTopk(SparseAllreduce):
          exceeds the budget; surplus owners move entries to deficit ranks
          until every rank holds G/P, then allgatherv.  Every rank builds the
          output from the identical gathered arrays (bitwise identical).
-      6. Residuals (``residuals="contributor"``, the paper's rule): an entry
+      6. Residuals (default ``residuals="owner"``): everything a rank sent
+         leaves its residual, and each owner keeps the reduced sums of its
+         region that the global result did not take (as gTopk's merging
+         ranks do).  The paper's rule, ``residuals="contributor"``: an entry
          leaves a rank's residual only if that rank contributed it (selected
          and actually sent, or in its own region) and it is in the global
-         result; everything else stays, so
-         sum(outputs) + sum(residuals) == sum(inputs).  With
-         ``residuals="owner"`` everything a rank sent leaves its residual and
-         each owner keeps the reduced sums the global result did not take
-         (as gTopk's merging ranks do); the same sum holds.
+         result; everything else stays.  Either way
+         sum(outputs) + sum(residuals) == sum(inputs).
 
     Cost (paper Table 1): (2P + 2 log P) alpha +
     [2k(P-1)/P, 6k(P-1)/P] beta.  Reduce ~2k(P-1)/P words when boundaries
@@ -326,15 +326,16 @@ class OkTopk(SparseAllreduce):
         full reduce step and one allgathered entry), which only binds when
         k is small next to P or the control messages.
 
-      * ``residuals`` ("contributor" or "owner"): where a value that was
-        sent but not globally selected waits.  Under the paper's rule each
-        contributor keeps its part, selects it again next call and sends it
-        again (about 2/3 of a rank's local top-k repeats from call to call on
-        the quality study's data); under "owner" the region's owner keeps
-        the partial sum, which it re-selects inside its own region without
-        sending it.  On that study (P = 4, n = 2^18, 1%) "owner" captures
-        0.476 of the exact global top-k's norm against 0.410 and sends 4%
-        fewer bytes (docs/BENCHMARKS.md, "Where unselected sums wait").
+      * ``residuals`` ("owner", default, or "contributor", the paper's
+        rule): where a value that was sent but not globally selected waits.
+        Under the paper's rule each contributor keeps its part, selects it
+        again next call and sends it again (2/3 to 3/4 of a rank's local
+        top-k repeats from call to call on the quality study's data); under
+        "owner" the region's owner keeps the partial sum and re-selects it
+        inside its own region, where it costs no traffic.  Measured
+        (docs/BENCHMARKS.md, "Where unselected sums wait"): the captured
+        norm of the exact global top-k rises from 0.41 to 0.48 (P = 4) and
+        from 0.35 to 0.52 (P = 16), bytes averaged over ranks fall 10-27%.
 
     Example::
 
@@ -348,7 +349,7 @@ class OkTopk(SparseAllreduce):
                  bands: tuple[float, float] = (2 / 3, 5 / 4), scale: float = 1.012,
                  gain: float = 0.1, local_cap: float = 1.0, rebalance: float = 1.05,
                  window: int = 4, reduce_cap: float = 1.0, budget: float | None = None,
-                 residuals: str = "contributor", **kw):
+                 residuals: str = "owner", **kw):
         lo, hi = bands
         if not (0 < lo <= 1 <= hi):
             raise ValueError(f"bands must satisfy 0 < lo <= 1 <= hi, got {bands!r}")
@@ -408,7 +409,13 @@ class OkTopk(SparseAllreduce):
         stale = self._stale.pop(id(st), False)
         if st.boundaries is None or st.iteration % st.tau == 0 or stale:
             with comm.phase("control:boundaries"):
-                st.boundaries = self._boundaries(idx, n)
+                # under "owner" a rank's own region holds the sums it kept, which it
+                # re-selects without sending: the regions balance what is sent
+                if self.residuals == "owner" and st.boundaries is not None and P > 1:
+                    o = kernels.split_by_bounds(idx, st.boundaries)
+                    st.boundaries = self._boundaries(_without(xp, idx, o[rank], o[rank + 1]), n)
+                else:
+                    st.boundaries = self._boundaries(idx, n)
             stats["boundaries_refreshed"] = True
         bounds = st.boundaries
         stats["boundaries"] = list(bounds)

@@ -42,12 +42,14 @@ import sys
 import numpy as np
 
 DEFAULT_CONFIGS = ("topka,topkdsa,gtopk,gaussiank,topka2a,"
-                   "oktopk:1,oktopk:8,oktopk:32,oktopk:128")
+                   "oktopk:1,oktopk:8,oktopk:32,oktopk:128,"
+                   "oktopk:1@residuals=contributor,oktopk:8@residuals=contributor,"
+                   "oktopk:32@residuals=contributor,oktopk:128@residuals=contributor")
 
 
 def _parse(cfg: str):
     """``algorithm[:tau_prime][@key=value+...]`` -> (name, tau_prime, keywords)."""
-    from .traffic import parse_spec
+    from autotune.dispatch import parse_spec
 
     head, kw = parse_spec(cfg)
     name, _, tp = head.partition(":")
@@ -146,7 +148,12 @@ def plot(rows, path: str, warmup: int) -> None:
     import matplotlib.pyplot as plt
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5), gridspec_kw={"width_ratios": [2, 1]})
-    ok = [r for r in rows if r["algorithm"] == "oktopk"]
+    def variant(r):
+        return "oktopk" + ("@" + r["config"].split("@", 1)[1] if "@" in r["config"] else "")
+
+    ok: dict[str, list] = {}   # Ok-Topk rows by variant (the default first)
+    for r in sorted((r for r in rows if r["algorithm"] == "oktopk"), key=lambda r: "@" in r["config"]):
+        ok.setdefault(variant(r), []).append(r)
     others = [r for r in rows if r["algorithm"] != "oktopk"]
     window = 5
     kern = np.ones(window) / window
@@ -154,8 +161,11 @@ def plot(rows, path: str, warmup: int) -> None:
     def smooth(v):
         return np.arange(window - 1, len(v)), np.convolve(v, kern, mode="valid")
 
-    for r in ok:
-        ax1.plot(*smooth(r["capture"]), label=f"oktopk tau'={r['tau_prime']}")
+    for i, (label, group) in enumerate(ok.items()):
+        for r in group:   # the default's every tau', a variant's tau' = 32 only
+            if i == 0 or (r["tau_prime"] or 32) == 32:
+                ax1.plot(*smooth(r["capture"]), lw=1.5 if i == 0 else 1,
+                         label=f"{label} tau'={r['tau_prime'] or 32}")
     for r, style in zip([r for r in others if r["algorithm"] in ("gtopk", "topka")], ("k--", "k:")):
         ax1.plot(*smooth(r["capture"]), style, lw=1, label=r["algorithm"])
     ax1.axvline(warmup, color="grey", lw=0.8, ls=":")
@@ -167,8 +177,10 @@ def plot(rows, path: str, warmup: int) -> None:
     ax1.legend(fontsize=8, loc="upper right")
     ax1.grid(alpha=0.3)
 
-    taus = [r["tau_prime"] for r in ok]
-    ax2.plot(taus, [r["capture_mean"] for r in ok], "o-", label="oktopk")
+    taus = sorted({r["tau_prime"] or 32 for group in ok.values() for r in group})
+    for label, group in ok.items():
+        ax2.plot([r["tau_prime"] or 32 for r in group], [r["capture_mean"] for r in group], "o-",
+                 label=label)
     groups: dict[float, list[str]] = {}
     for r in others:
         groups.setdefault(round(r["capture_mean"], 4), []).append(r["algorithm"])

@@ -30,6 +30,8 @@ import tempfile
 
 import numpy as np
 
+from autotune.dispatch import parse_spec
+
 DEFAULT_ALGOS = "dense,topka,topkdsa,gtopk,gaussiank,oktopk,topka2a"
 
 
@@ -90,22 +92,9 @@ def run(comm, *, n: int, density: float, iters: int, warmup: int, algorithms, se
             row["table1_upper_bytes"] = 6 * k * (P - 1) / P * 4
         rows.append(row)
         if comm.rank == 0:
-            print(f"  P={P} {name:10s} sent {row['sent_mean']:.3f}x (max {row['sent_max']:.3f}) "
+            print(f"  P={P} {spec:10s} sent {row['sent_mean']:.3f}x (max {row['sent_max']:.3f}) "
                   f"recv {row['recv_mean']:.3f}x (max {row['recv_max']:.3f})", flush=True)
     return rows
-
-
-def parse_spec(spec: str):
-    """``name`` or ``name@key=value+...`` (e.g. ``oktopk@tau=1``): an algorithm
-    with constructor keywords, parsed as int, else float, else kept as text."""
-    from autotune.dispatch import parse_value
-
-    name, _, rest = spec.partition("@")
-    kw = {}
-    for item in filter(None, rest.split("+")):
-        key, _, val = item.partition("=")
-        kw[key] = parse_value(val)
-    return name, kw
 
 
 def format_table(rows) -> str:

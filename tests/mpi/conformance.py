@@ -29,7 +29,7 @@ import numpy as np
 from mpi4py import MPI
 
 import kernels
-from autotune.studies.traffic import parse_spec
+from autotune.dispatch import parse_spec
 from collectives import ALGORITHMS, MPICommunicator
 from tests.mpi import VARIANTS, abort_job
 

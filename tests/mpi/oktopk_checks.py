@@ -14,8 +14,8 @@ Cases (all by default; ``--cases a,b`` to pick):
                  searched (its phase appears) only then.
   hot            all ranks' values in one region: payload per rank within
                  6k(P-1)/P words every call; conservation; identical outputs.
-  owner          residuals="owner": the bounds and conservation, and what a rank
-                 sent leaves its residual (the owner keeps unselected sums).
+  residuals      the paper's rule (residuals="contributor"): bounds and
+                 conservation; what a sender keeps under either rule.
   stale          the hot region jumps after the boundaries were fixed (tau
                  large, rebalancing off): the reduce quotas hold the owner
                  to Q, the payload stays within 6k(P-1)/P words, nothing lost.
@@ -24,6 +24,7 @@ Exits non-zero (aborting the job) on the first failure.
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import sys
 import zlib
@@ -86,10 +87,11 @@ def case_global_kth(rng):
 def case_boundaries(rng):
     comm = MPICommunicator(WORLD)
     n, density = 1 << 16, 0.01
-    algo = OkTopk(comm, tau=4, tau_prime=4)
     # large values, hence the selections, cluster at the end of the index space
     ramp = (1.0 + 30.0 * (np.arange(n) / n) ** 6).astype(np.float32)
-    for it in range(12):
+    for rule, it in itertools.product(("owner", "contributor"), range(12)):
+        if it == 0:
+            algo = OkTopk(comm, tau=4, tau_prime=4, residuals=rule)
         x = (rng.standard_normal(n).astype(np.float32) * ramp)
         out = algo(x, name="t", density=density)
         check(identical(out), "outputs differ across ranks")
@@ -99,12 +101,15 @@ def case_boundaries(rng):
         check(b[0] == 0 and b[-1] == n and all(u <= v for u, v in zip(b, b[1:])),
               f"boundaries not a partition of [0, n): {b}")
         if P > 1 and algo.last_stats.get("boundaries_refreshed"):
-            # region load = what its owner reduces: received + its own selections
-            load = np.array(WORLD.allgather(algo.last_stats["reduce_recv"][RANK]
-                                            + algo.last_stats["own"]), dtype=float)
+            # region load = what its owner receives in the reduce step (under
+            # "owner" its own selections are mostly sums it kept, never sent).
+            # "owner" balances less tightly (up to 1.33x the mean measured at P = 8;
+            # the mean itself is 2/3 of the paper rule's), hence its wider band
+            load = np.array(algo.last_stats["reduce_recv"], dtype=float)
             mean = load.mean()
-            check(load.max() <= 1.25 * mean + 20 and load.min() >= 0.75 * mean - 20,
-                  f"regions unbalanced at refresh (it {it}): loads {load.tolist()}")
+            hi, lo = (1.5, 0.5) if rule == "owner" else (1.25, 0.75)
+            check(load.max() <= hi * mean + 20 and load.min() >= lo * mean - 20,
+                  f"{rule}: regions unbalanced at refresh (it {it}): loads {load.tolist()}")
             # equal-length regions would put most of the selections in the last one
             sel = np.flatnonzero(np.abs(x) >= kernels.kth_magnitude(x, st.k))
             eq = np.bincount(np.searchsorted(kernels.region_bounds(n, P)[1:-1], sel, "right"),
@@ -269,8 +274,8 @@ def case_stale(rng):
 
 def case_budget(rng):
     """budget = 2.0: no call moves more than twice the lower bound, control
-    included, on heavy-tailed drifting data and on a hot region; on the hot
-    region the budget must cut the global entries below k (so it binds)."""
+    included, on heavy-tailed drifting data and on a hot region; budget = 1.5
+    on the hot region must cut the global entries below k (so it binds)."""
     comm = MPICommunicator(WORLD)
     n, density = 1 << 16, 0.01
     k = kernels.k_from_density(n, density)
@@ -288,18 +293,20 @@ def case_budget(rng):
         x[lo:hi] = rng.standard_normal(hi - lo) * 10
         return x
 
-    for label, xs in (("drifting", drifting), ("hot", hot)):
-        algo = OkTopk(comm, budget=2.0)
-        _, kept = _run_bounded(algo, xs, 24, density, n, f"budget {label}", budget=2.0)
-        if P > 1 and label == "hot":
-            check(min(kept[1:]) < k, f"budget never bound on the hot region: kept {kept}")
+    for label, xs, budget in (("drifting", drifting, 2.0), ("hot", hot, 2.0), ("hot", hot, 1.5)):
+        algo = OkTopk(comm, budget=budget)
+        _, kept = _run_bounded(algo, xs, 24, density, n, f"budget {budget} {label}", budget=budget)
+        if P > 1 and budget < 2.0:
+            check(min(kept[1:]) < k, f"budget {budget} never bound on the hot region: kept {kept}")
 
 
-def case_owner(rng):
-    """residuals="owner": bounds, identical outputs and conservation on heavy-tailed
-    and hot data; and a value a rank sent to another region's owner leaves the
-    sender's residual even where the global result did not take it (under the
-    default contributor rule it would stay), checked on a first call."""
+def case_residuals(rng):
+    """Both residual rules.  The paper's ("contributor", not the default, which
+    the other cases run): bounds, identical outputs and conservation on
+    heavy-tailed and hot data.  Then, on a first call, a value a rank sent to
+    another region's owner but the global result did not take has left the
+    sender's residual under "owner" (the owner keeps the sum) and not under
+    "contributor"."""
     comm = MPICommunicator(WORLD)
     n, density = 1 << 16, 0.01
     lo, hi = n // 3, n // 3 + n // 10
@@ -311,7 +318,8 @@ def case_owner(rng):
 
     for label, xs in (("heavy", lambda it: rng.standard_t(2, n).astype(np.float32)),
                       ("hot", hot)):
-        _run_bounded(OkTopk(comm, residuals="owner"), xs, 12, density, n, f"owner {label}")
+        _run_bounded(OkTopk(comm, residuals="contributor"), xs, 12, density, n,
+                     f"contributor {label}")
     if P > 1:
         for rule in ("owner", "contributor"):
             algo = OkTopk(comm, residuals=rule, tau_prime=1)
@@ -329,7 +337,7 @@ def case_owner(rng):
 CASES = {"global-kth": case_global_kth, "boundaries": case_boundaries, "exact": case_exact, "reduce-cap": case_reduce_cap,
          "refresh": case_refresh,
          "hot": case_hot, "stale": case_stale, "budget": case_budget,
-         "owner": case_owner}
+         "residuals": case_residuals}
 
 
 def main(argv=None) -> int:
