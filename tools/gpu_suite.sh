@@ -25,12 +25,14 @@ $PY -c "import cupy, torch, mpi4py, numpy; from cupy.cuda import nccl; print('cu
 
 for s in $STAGES; do case $s in
 conf)
+  # CONF_ALGOS: a comma list (name or name@key=value) instead of every algorithm and variant
+  ca=(); [ -n "${CONF_ALGOS:-}" ] && ca=(--algorithms "$CONF_ALGOS")
   step "conformance NCCL + cupy, P=$NP"
-  "${MPI[@]}" $PY -m tests.mpi.conformance --backend nccl --array cupy
+  "${MPI[@]}" $PY -m tests.mpi.conformance --backend nccl --array cupy "${ca[@]}"
   step "conformance NCCL + torch (DLPack), P=$NP"
-  "${MPI[@]}" $PY -m tests.mpi.conformance --backend nccl --array torch --quick
+  "${MPI[@]}" $PY -m tests.mpi.conformance --backend nccl --array torch --quick "${ca[@]}"
   step "conformance MPI + cupy (staged or CUDA-aware), P=$NP"
-  "${MPI[@]}" $PY -m tests.mpi.conformance --backend mpi --array cupy --quick
+  "${MPI[@]}" $PY -m tests.mpi.conformance --backend mpi --array cupy --quick "${ca[@]}"
   ;;
 gpukernels)
   step "GPU kernel tests"
