@@ -22,7 +22,7 @@ _RADIX_BITS = 4    # bits resolved per round of the global k-th magnitude search
 _REDUCE_CAP = 5 / 4  # largest reduce-step quota Q, in units of the fair share k(P-1)/P
 _TAG_REDUCE = 40
 _TAG_BALANCE = 50
-_RESIDUAL_RULES = ("owner", "contributor")
+_RESIDUAL_RULES = ("contributor", "owner")
 
 
 # -- host-side planning (pure, deterministic: every rank computes the same) ----
@@ -269,14 +269,14 @@ class OkTopk(SparseAllreduce):
          exceeds the budget; surplus owners move entries to deficit ranks
          until every rank holds G/P, then allgatherv.  Every rank builds the
          output from the identical gathered arrays (bitwise identical).
-      6. Residuals (default ``residuals="owner"``): everything a rank sent
-         leaves its residual, and each owner keeps the reduced sums of its
-         region that the global result did not take (as gTopk's merging
-         ranks do).  The paper's rule, ``residuals="contributor"``: an entry
-         leaves a rank's residual only if that rank contributed it (selected
-         and actually sent, or in its own region) and it is in the global
-         result; everything else stays.  Either way
-         sum(outputs) + sum(residuals) == sum(inputs).
+      6. Residuals (default ``residuals="contributor"``, the paper's rule):
+         an entry leaves a rank's residual only if that rank contributed it
+         (selected and actually sent, or in its own region) and it is in the
+         global result; everything else stays.  With ``residuals="owner"``
+         everything a rank sent leaves its residual and each owner keeps the
+         reduced sums of its region that the global result did not take (as
+         gTopk's merging ranks do); boundaries then balance what is sent.
+         Either way sum(outputs) + sum(residuals) == sum(inputs).
 
     Cost (paper Table 1): (2P + 2 log P) alpha +
     [2k(P-1)/P, 6k(P-1)/P] beta.  Reduce ~2k(P-1)/P words when boundaries
@@ -326,16 +326,21 @@ class OkTopk(SparseAllreduce):
         full reduce step and one allgathered entry), which only binds when
         k is small next to P or the control messages.
 
-      * ``residuals`` ("owner", default, or "contributor", the paper's
-        rule): where a value that was sent but not globally selected waits.
-        Under the paper's rule each contributor keeps its part, selects it
-        again next call and sends it again (2/3 to 3/4 of a rank's local
-        top-k repeats from call to call on the quality study's data); under
-        "owner" the region's owner keeps the partial sum and re-selects it
-        inside its own region, where it costs no traffic.  Measured
-        (docs/BENCHMARKS.md, "Where unselected sums wait"): the captured
-        norm of the exact global top-k rises from 0.41 to 0.48 (P = 4) and
-        from 0.35 to 0.52 (P = 16), bytes averaged over ranks fall 10-27%.
+      * ``residuals`` ("contributor", the paper's rule and the default, or
+        "owner"): where a value that was sent but not globally selected
+        waits.  Under the paper's rule each contributor keeps its part,
+        selects it again next call and sends it again (2/3 to 3/4 of a rank's
+        local top-k repeats from call to call on the quality study's data);
+        under "owner" the region's owner keeps the partial sum and
+        re-selects it inside its own region, where it costs no traffic, at
+        the price of local top-k slots its other regions no longer get.
+        Measured (docs/BENCHMARKS.md, "Where unselected sums wait"): "owner"
+        moves 1.44-1.77x the lower bound on the busiest rank at P = 2..16
+        (1.94-2.02x), captures more of the exact global top-k's norm (0.42
+        vs 0.41 at P = 4, 0.50 vs 0.35 at P = 16) and trains the LSTM
+        example 0.3-0.4% closer to dense, but the digits CNN at density 0.1%
+        (k = 53) 0.5-1.1 points further from it.  Not the default for that
+        reason: which rule wins depends on the model.
 
     Example::
 
@@ -349,7 +354,7 @@ class OkTopk(SparseAllreduce):
                  bands: tuple[float, float] = (2 / 3, 5 / 4), scale: float = 1.012,
                  gain: float = 0.1, local_cap: float = 1.0, rebalance: float = 1.05,
                  window: int = 4, reduce_cap: float = 1.0, budget: float | None = None,
-                 residuals: str = "owner", **kw):
+                 residuals: str = "contributor", **kw):
         lo, hi = bands
         if not (0 < lo <= 1 <= hi):
             raise ValueError(f"bands must satisfy 0 < lo <= 1 <= hi, got {bands!r}")

@@ -52,9 +52,9 @@ def test_torch_roundtrip():
 
 
 def test_algorithm_options_single_process():
-    autotune.init(options={"oktopk": {"residuals": "contributor"}})
+    autotune.init(options={"oktopk": {"residuals": "owner"}})
     try:
-        assert autotune.algorithm_instance("oktopk").residuals == "contributor"
+        assert autotune.algorithm_instance("oktopk").residuals == "owner"
         with pytest.raises(ValueError, match="unknown algorithms"):
             autotune.init(options={"nope": {}})
         with pytest.raises(ValueError, match="residuals"):
@@ -62,10 +62,10 @@ def test_algorithm_options_single_process():
         with pytest.raises(TypeError):
             autotune.init(options={"oktopk": {"no_such_option": 1}})
         # a rejected call leaves the options in force
-        assert autotune.algorithm_instance("oktopk").residuals == "contributor"
+        assert autotune.algorithm_instance("oktopk").residuals == "owner"
     finally:
         autotune.init(options={})
-    assert autotune.algorithm_instance("oktopk").residuals == "owner"
+    assert autotune.algorithm_instance("oktopk").residuals == "contributor"
 
 
 def test_parse_options():

@@ -43,8 +43,8 @@ import numpy as np
 
 DEFAULT_CONFIGS = ("topka,topkdsa,gtopk,gaussiank,topka2a,"
                    "oktopk:1,oktopk:8,oktopk:32,oktopk:128,"
-                   "oktopk:1@residuals=contributor,oktopk:8@residuals=contributor,"
-                   "oktopk:32@residuals=contributor,oktopk:128@residuals=contributor")
+                   "oktopk:1@residuals=owner,oktopk:8@residuals=owner,"
+                   "oktopk:32@residuals=owner,oktopk:128@residuals=owner")
 
 
 def _parse(cfg: str):
@@ -185,9 +185,9 @@ def plot(rows, path: str, warmup: int) -> None:
     for r in others:
         groups.setdefault(round(r["capture_mean"], 4), []).append(r["algorithm"])
     for i, (v, names) in enumerate(sorted(groups.items())):
-        ax2.axhline(v, lw=0.8, ls=":", color=f"C{i + 1}")
+        ax2.axhline(v, lw=0.8, ls=":", color=f"C{i + len(ok)}")
         ax2.annotate(" = ".join(names), (taus[0], v), fontsize=7, va="bottom",
-                     color=f"C{i + 1}")
+                     color=f"C{i + len(ok)}")
     ax2.set_xscale("log", base=2)
     ax2.set_xticks(taus)
     ax2.set_xticklabels([str(t) for t in taus])

@@ -14,8 +14,8 @@ Cases (all by default; ``--cases a,b`` to pick):
                  searched (its phase appears) only then.
   hot            all ranks' values in one region: payload per rank within
                  6k(P-1)/P words every call; conservation; identical outputs.
-  residuals      the paper's rule (residuals="contributor"): bounds and
-                 conservation; what a sender keeps under either rule.
+  residuals      residuals="owner": bounds and conservation; what a sender
+                 keeps under either rule.
   stale          the hot region jumps after the boundaries were fixed (tau
                  large, rebalancing off): the reduce quotas hold the owner
                  to Q, the payload stays within 6k(P-1)/P words, nothing lost.
@@ -89,7 +89,7 @@ def case_boundaries(rng):
     n, density = 1 << 16, 0.01
     # large values, hence the selections, cluster at the end of the index space
     ramp = (1.0 + 30.0 * (np.arange(n) / n) ** 6).astype(np.float32)
-    for rule, it in itertools.product(("owner", "contributor"), range(12)):
+    for rule, it in itertools.product(("contributor", "owner"), range(12)):
         if it == 0:
             algo = OkTopk(comm, tau=4, tau_prime=4, residuals=rule)
         x = (rng.standard_normal(n).astype(np.float32) * ramp)
@@ -301,12 +301,11 @@ def case_budget(rng):
 
 
 def case_residuals(rng):
-    """Both residual rules.  The paper's ("contributor", not the default, which
-    the other cases run): bounds, identical outputs and conservation on
-    heavy-tailed and hot data.  Then, on a first call, a value a rank sent to
-    another region's owner but the global result did not take has left the
-    sender's residual under "owner" (the owner keeps the sum) and not under
-    "contributor"."""
+    """Both residual rules.  "owner" (not the default, which the other cases
+    run): bounds, identical outputs and conservation on heavy-tailed and hot
+    data.  Then, on a first call, a value a rank sent to another region's
+    owner but the global result did not take has left the sender's residual
+    under "owner" (the owner keeps the sum) and not under "contributor"."""
     comm = MPICommunicator(WORLD)
     n, density = 1 << 16, 0.01
     lo, hi = n // 3, n // 3 + n // 10
@@ -318,8 +317,7 @@ def case_residuals(rng):
 
     for label, xs in (("heavy", lambda it: rng.standard_t(2, n).astype(np.float32)),
                       ("hot", hot)):
-        _run_bounded(OkTopk(comm, residuals="contributor"), xs, 12, density, n,
-                     f"contributor {label}")
+        _run_bounded(OkTopk(comm, residuals="owner"), xs, 12, density, n, f"owner {label}")
     if P > 1:
         for rule in ("owner", "contributor"):
             algo = OkTopk(comm, residuals=rule, tau_prime=1)
