@@ -61,13 +61,14 @@ profile)
   ;;
 train)
   # the digits CNN trained over NCCL, one GPU per rank (examples/digits_cnn.py); `auto`
-  # decides from the NVLink profile when the profile stage ran first in this $OUT
+  # decides from the NVLink profile when the profile stage ran first in this $OUT;
+  # TRAIN_EXTRA: more example options (e.g. the warm-up recipe)
   prof="$OUT/profile_gpu_nvlink_P${NP}.json"; penv=()
   [ -f "$prof" ] && penv=(-x AUTOTUNE_PROFILE="$prof")
   step "train digits_cnn over NCCL, P=$NP (profile for auto: ${penv[*]:-none})"
   "${MPI[@]}" "${penv[@]}" $PY examples/digits_cnn.py --device cuda --backend nccl \
     --algorithm ${TRAIN_ALGOS:-dense,oktopk,gtopk,topka,auto} --density ${TRAIN_DENSITY:-0.01,0.001} \
-    --seed ${TRAIN_SEEDS:-0,1,2} --quiet --out "$OUT/train_digits_nccl_P${NP}.json"
+    --seed ${TRAIN_SEEDS:-0,1,2} ${TRAIN_EXTRA:-} --quiet --out "$OUT/train_digits_nccl_P${NP}.json"
   $PY examples/plot_curves.py "$OUT/train_digits_nccl_P${NP}.json" --out-dir "$OUT" --tta
   ;;
 scaling)
