@@ -337,9 +337,10 @@ class OkTopk(SparseAllreduce):
         Measured (docs/BENCHMARKS.md, "Where unselected sums wait"): "owner"
         moves 1.44-1.77x the lower bound on the busiest rank at P = 2..16
         (1.94-2.02x), captures more of the exact global top-k's norm (0.42
-        vs 0.41 at P = 4, 0.50 vs 0.35 at P = 16) and trains the LSTM
-        example 0.3-0.4% closer to dense, but the digits CNN at density 0.1%
-        (k = 53) 0.5-1.1 points further from it.  Not the default for that
+        vs 0.41 at P = 4, 0.50 vs 0.35 at P = 16) and brings the LSTM
+        example's loss 0.16-0.32 points (of %) closer to dense, but leaves
+        the digits CNN at density 0.1% (k = 53) 0.5-1.1 accuracy points
+        further from it in three of four cells.  Not the default for that
         reason: which rule wins depends on the model.
 
     Example::
