@@ -148,11 +148,13 @@ def _set_options(comm, options: dict) -> None:
                                     f"{np.flatnonzero(table[:, 1]).tolist()}")
     if (table[:, 0] != table[0, 0]).any():
         raise ValueError(f"algorithm options differ across ranks (rank {comm.rank}: {options!r})")
-    for name, kw in options.items():
-        ALGORITHMS[name](comm, **kw)           # the constructor's own checks (same on all ranks)
+    # the constructors' own checks (the same on every rank), then the new instances
+    built = {name: ALGORITHMS[name](comm, **kw) for name, kw in options.items()}
     for name in set(options) | set(_STATE["options"]):
         if options.get(name, {}) != _STATE["options"].get(name, {}):
             _STATE["algos"].pop(name, None)
+            if name in built:
+                _STATE["algos"][name] = built[name]
     _STATE["options"] = {name: dict(kw) for name, kw in options.items()}
 
 

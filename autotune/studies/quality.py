@@ -126,14 +126,18 @@ def run(comm, *, n: int, density: float, iters: int, warmup: int, configs, seed:
     return rows
 
 
+def _label(r) -> str:
+    """The row's algorithm with its constructor keywords, without tau'."""
+    return r["algorithm"] + ("@" + r["config"].split("@", 1)[1] if "@" in r["config"] else "")
+
+
 def format_table(rows) -> str:
     lines = ["| algorithm | tau' | capture (mean) | capture (worst call) | error (mean) | "
              "held back (mean) | local top-k repeat | output nnz / k | bytes sent / lower bound |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         tp = r["tau_prime"] if r["tau_prime"] else ("32" if r["algorithm"] == "oktopk" else "-")
-        name = r["algorithm"] + ("@" + r["config"].split("@", 1)[1] if "@" in r["config"] else "")
-        lines.append(f"| {name} | {tp} | {r['capture_mean']:.4f} | "
+        lines.append(f"| {_label(r)} | {tp} | {r['capture_mean']:.4f} | "
                      f"{r['capture_min']:.4f} | {r['error_mean']:.4f} | {r['held_back']:.2f} | "
                      f"{r.get('repeat', float('nan')):.3f} | "
                      f"{r['nnz_per_k']:.2f} | "
@@ -148,12 +152,9 @@ def plot(rows, path: str, warmup: int) -> None:
     import matplotlib.pyplot as plt
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5), gridspec_kw={"width_ratios": [2, 1]})
-    def variant(r):
-        return "oktopk" + ("@" + r["config"].split("@", 1)[1] if "@" in r["config"] else "")
-
     ok: dict[str, list] = {}   # Ok-Topk rows by variant (the default first)
     for r in sorted((r for r in rows if r["algorithm"] == "oktopk"), key=lambda r: "@" in r["config"]):
-        ok.setdefault(variant(r), []).append(r)
+        ok.setdefault(_label(r), []).append(r)
     others = [r for r in rows if r["algorithm"] != "oktopk"]
     window = 5
     kern = np.ones(window) / window

@@ -281,8 +281,8 @@ def main(argv=None) -> int:
     seed = int(os.environ.get("CONFORMANCE_SEED", time.time_ns() % 2**32))
     seed = WORLD.bcast(seed, 0)
     rng = np.random.default_rng([seed, RANK])
-    names = [a for a in args.algorithms.split(",")
-             if a and ALGORITHMS[parse_spec(a)[0]].supports(communicator())]
+    classes = {a: ALGORITHMS[parse_spec(a)[0]] for a in args.algorithms.split(",") if a}
+    names = [a for a, cls in classes.items() if cls.supports(communicator())]
     sizes = [1, max(1, P - 1), 1001, 4096 + 7] + ([] if args.quick else [2**20])
     dists = ["gaussian", "heavy", "ties", "hot", "equal"]
     if RANK == 0:
@@ -303,7 +303,7 @@ def main(argv=None) -> int:
                         current = f"{name} n={n} dist={dist} density={density}"
                         run_case(name, n, dist, density, iters, rng)
                         cases += 1
-                        if not ALGORITHMS[parse_spec(name)[0]].lossy:
+                        if not classes[name].lossy:
                             break
             for case in BAD_CASES:
                 current = f"{name} bad input {case}"
