@@ -97,7 +97,9 @@ def algorithm_instance(name: str):
 
 
 def parse_value(text: str):
-    """A command-line option value: int, else float, else the text itself."""
+    """A command-line option value: true/false, else int, else float, else the text itself."""
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
     for conv in (int, float):
         try:
             return conv(text)

@@ -134,13 +134,15 @@ class SparseState:
       tuned:      density, tau (region-boundary refresh interval), tau_prime
                   (threshold refresh interval)
       internal:   residual, local_threshold, global_threshold, boundaries,
-                  iteration
+                  iteration, local_control, global_control (how a reused
+                  threshold is being rescaled: Ok-Topk's adaptive gain)
       statistics: selected_local, selected_global (counts at the last call)
     """
 
     __slots__ = (
         "density", "tau", "tau_prime",
         "residual", "local_threshold", "global_threshold", "boundaries", "iteration",
+        "local_control", "global_control",
         "selected_local", "selected_global",
     )
 
@@ -154,6 +156,8 @@ class SparseState:
         self.residual = xp.zeros(n, dtype=dtype)
         self.local_threshold: float | None = None
         self.global_threshold: float | None = None
+        self.local_control: tuple[float, int] | None = None
+        self.global_control: tuple[float, int] | None = None
         self.boundaries: list[int] | None = None
         self.iteration = 0
         self.selected_local = 0

@@ -71,8 +71,10 @@ def test_algorithm_options_single_process():
 def test_parse_options():
     from autotune.dispatch import parse_options
 
-    assert parse_options(["oktopk.residuals=owner", "oktopk.tau=16", "oktopk.budget=2.0"]) == \
-        {"oktopk": {"residuals": "owner", "tau": 16, "budget": 2.0}}
+    assert parse_options(["oktopk.residuals=owner", "oktopk.tau=16", "oktopk.budget=2.0",
+                          "oktopk.adaptive_step=True", "topka2a.x=false"]) == \
+        {"oktopk": {"residuals": "owner", "tau": 16, "budget": 2.0, "adaptive_step": True},
+         "topka2a": {"x": False}}
     for bad in ("oktopk", "residuals=owner", ".tau=1", "oktopk.=1"):
         with pytest.raises(ValueError, match="ALGO.KEY=VALUE"):
             parse_options([bad])

@@ -16,6 +16,8 @@ Cases (all by default; ``--cases a,b`` to pick):
                  6k(P-1)/P words every call; conservation; identical outputs.
   residuals      residuals="owner": bounds and conservation; what a sender
                  keeps under either rule.
+  adaptive       adaptive_step=True: bounds, identical outputs, conservation,
+                 identical global threshold state on every rank.
   stale          the hot region jumps after the boundaries were fixed (tau
                  large, rebalancing off): the reduce quotas hold the owner
                  to Q, the payload stays within 6k(P-1)/P words, nothing lost.
@@ -336,10 +338,25 @@ def case_residuals(rng):
                   f"residuals={rule}: {gone} values sent but not in the result left the senders")
 
 
+def case_adaptive(rng):
+    """adaptive_step=True: bounds, identical outputs and conservation over
+    many reused-threshold calls (tau' large) on a small k, where error
+    feedback builds the steep walls the option is for; the global
+    threshold's control state stays identical on every rank."""
+    comm = MPICommunicator(WORLD)
+    n, density = 1 << 14, 0.002
+    algo = OkTopk(comm, adaptive_step=True, tau_prime=1000)
+    _run_bounded(algo, lambda it: rng.standard_t(3, n).astype(np.float32), 40, density, n,
+                 "adaptive")
+    st = algo.state("t")
+    check(identical(np.array([st.global_threshold, *(st.global_control or (0.0, 0))])),
+          "adaptive: global threshold or its control state differ across ranks")
+
+
 CASES = {"global-kth": case_global_kth, "boundaries": case_boundaries, "exact": case_exact, "reduce-cap": case_reduce_cap,
          "refresh": case_refresh,
          "hot": case_hot, "stale": case_stale, "budget": case_budget,
-         "residuals": case_residuals}
+         "residuals": case_residuals, "adaptive": case_adaptive}
 
 
 def main(argv=None) -> int:
