@@ -114,6 +114,10 @@ class HookState:
         density_warmup: steps of falling density after the dense warm-up
             (``autotune.training.SparseSGD``).
         tau_prime, tau: the sparse algorithm's refresh intervals (``SparseSGD``).
+        learning_rate: None, or a callable returning the optimizer's current
+            rate (e.g. ``lambda: opt.param_groups[0]["lr"]``): the residual
+            accumulates lr x gradient as in the paper's Algorithm 2
+            (``autotune.training``).
 
     ``sgd`` is the underlying ``autotune.training.SparseSGD`` (its
     statistics: steps, bytes sent, seconds in communication).
@@ -123,11 +127,12 @@ class HookState:
 
     def __init__(self, *, algorithm: str = "auto", density: float | None = None,
                  warmup_steps: int = 1, prefix: str = "ddp", momentum: float = 0.0,
-                 density_warmup: int = 0, tau_prime: int | None = None, tau: int | None = None):
+                 density_warmup: int = 0, tau_prime: int | None = None, tau: int | None = None,
+                 learning_rate=None):
         self.sgd = SparseSGD(algorithm=algorithm, density=density,
                              warmup_steps=warmup_steps, flat=True, prefix=prefix,
                              momentum=momentum, density_warmup=density_warmup,
-                             tau_prime=tau_prime, tau=tau)
+                             tau_prime=tau_prime, tau=tau, learning_rate=learning_rate)
 
 
 def allreduce_hook(state: HookState, bucket) -> torch.futures.Future[torch.Tensor]:
@@ -200,7 +205,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, *, algorithm: str = "
                          density: float | None = None, flat: bool = True,
                          warmup_steps: int = 0, prefix: str = "opt", momentum: float = 0.0,
                          density_warmup: int = 0, tau_prime: int | None = None,
-                         tau: int | None = None):
+                         tau: int | None = None, fold_lr: bool = False):
     """Wrap ``optimizer`` so that ``step()`` first averages gradients over the ranks.
 
     For training launched with ``mpiexec`` without ``torch.distributed``
@@ -231,6 +236,11 @@ def DistributedOptimizer(optimizer, named_parameters=None, *, algorithm: str = "
             ``density`` after the dense warm-up (``SparseSGD``).
         tau_prime, tau: the sparse algorithm's threshold and region-boundary
             refresh intervals (``SparseSGD``; None: the algorithm's defaults).
+        fold_lr: fold the optimizer's current learning rate into what the
+            residual accumulates (lr x gradient, the paper's Algorithm 2; see
+            ``autotune.training``), so that under a schedule every value is
+            applied at its own step's rate.  All parameter groups must then
+            share one rate.
 
     Returns:
         the wrapped optimizer; ``.sparse_sgd`` is its
@@ -240,7 +250,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, *, algorithm: str = "
     Raises:
         ValueError: a parameter of the optimizer missing from
             ``named_parameters``, duplicate names, or momentum correction
-            around an optimizer that has momentum itself.
+            around an optimizer that has momentum itself, or ``fold_lr``
+            with parameter groups of different learning rates.
     """
     if isinstance(optimizer, _DistributedOptimizer):
         raise ValueError("optimizer is already a DistributedOptimizer")
@@ -267,11 +278,23 @@ def DistributedOptimizer(optimizer, named_parameters=None, *, algorithm: str = "
     new.__dict__.update(optimizer.__dict__)
     new._autotune_names = names
     new._autotune_synchronized = False
+    if fold_lr:
+        _one_rate(new)
     new.sparse_sgd = SparseSGD(algorithm=algorithm, density=density,
                                warmup_steps=warmup_steps, flat=flat, prefix=prefix,
                                momentum=momentum, density_warmup=density_warmup,
-                               tau_prime=tau_prime, tau=tau)
+                               tau_prime=tau_prime, tau=tau,
+                               learning_rate=(lambda: _one_rate(new)) if fold_lr else None)
     return new
+
+
+def _one_rate(optimizer) -> float:
+    """The learning rate shared by all of ``optimizer``'s parameter groups."""
+    rates = {float(g["lr"]) for g in optimizer.param_groups}
+    if len(rates) != 1:
+        raise ValueError(f"fold_lr needs one learning rate for all parameter groups, "
+                         f"got {sorted(rates)}")
+    return rates.pop()
 
 
 def broadcast_parameters(params, root_rank: int = 0) -> None:

@@ -15,10 +15,16 @@ keyed by tensor name (``collectives.SparseAllreduce``), so this module only
 decides *what* is sent under *which name* with *which algorithm*, and keeps
 the step count.  Applying the learning rate (and momentum, weight decay...)
 is left to the framework's optimizer: the averaged gradient it receives is
-the dense one during warm-up and the sparse one afterwards.  (The paper
-folds the learning rate into the accumulation, ``eps + lr * G``; with a
-constant learning rate the two agree up to the factor lr on the residual,
-with a schedule the residual here is re-scaled by the current rate.)
+the dense one during warm-up and the sparse one afterwards.  The paper
+folds the learning rate into the accumulation, ``eps + lr * G``: with a
+constant learning rate the two agree up to the factor lr on the residual;
+with a schedule, a value that waited in the residual here is applied at the
+rate of the step that sends it, not of the step that produced it (smaller,
+under a decaying schedule).  ``learning_rate`` (a callable returning the
+current rate; ``fold_lr=True`` in ``autotune.torch``) gives the paper's
+form: a lossy step sends ``lr * G`` and divides the result by the current
+rate, which the optimizer multiplies back, so every value is applied at its
+own step's rate.
 
 Momentum correction (Lin et al., "Deep Gradient Compression", ICLR'18),
 ``momentum=m > 0``: with a sparse allreduce, momentum applied *after* the
@@ -85,8 +91,9 @@ class SparseSGD:
 
     Fields, grouped as in PyTorch's PowerSGDState:
       tuned:      algorithm, density, warmup_steps, density_warmup, flat, momentum,
-                  tau_prime, tau
-      internal:   prefix, step (optimizer steps done), _buffers (flat
+                  tau_prime, tau, learning_rate
+      internal:   prefix, step (optimizer steps done), _lr_last (the last
+                  positive folded rate), _buffers (flat
                   buffers and their layout, per dtype), _velocity (per
                   tensor name, with momentum correction), _decided (names
                   whose ``auto`` decision was taken at the target density)
@@ -118,6 +125,12 @@ class SparseSGD:
         tau_prime, tau: the sparse algorithm's threshold and region-boundary
             refresh intervals (None: its defaults, 32 and 64), e.g. from
             ``autotune tune``; see ``autotune.allreduce``.
+        learning_rate: None (the default) or a callable returning the
+            optimizer's current learning rate, the same on every rank: the
+            residual then accumulates ``lr * G`` as in the paper's Algorithm 2
+            (module docstring).  A step at rate 0 adds nothing to the
+            residual; what it delivers is divided by the last positive rate
+            and so applied at rate 0 (lost, as it would be without folding).
 
     Raises:
         ValueError: unknown algorithm, density outside (0, 1], negative
@@ -127,9 +140,9 @@ class SparseSGD:
     __slots__ = (
         # tuned
         "algorithm", "density", "warmup_steps", "density_warmup", "flat", "momentum",
-        "tau_prime", "tau",
+        "tau_prime", "tau", "learning_rate",
         # internal
-        "prefix", "step", "_buffers", "_velocity", "_decided",
+        "prefix", "step", "_lr_last", "_buffers", "_velocity", "_decided",
         # statistics
         "dense_steps", "sparse_steps", "comm_seconds", "bytes_sent", "last_algorithm",
     )
@@ -137,7 +150,7 @@ class SparseSGD:
     def __init__(self, *, algorithm: str = "auto", density: float | None = None,
                  warmup_steps: int = 0, flat: bool = True, prefix: str = "grad",
                  momentum: float = 0.0, density_warmup: int = 0, tau_prime: int | None = None,
-                 tau: int | None = None):
+                 tau: int | None = None, learning_rate=None):
         if algorithm != "auto" and algorithm not in ALGORITHMS:
             raise ValueError(f"unknown algorithm {algorithm!r}; registered: "
                              f"{sorted(ALGORITHMS)} or 'auto'")
@@ -151,6 +164,11 @@ class SparseSGD:
         if not (0.0 <= float(momentum) < 1.0):
             raise ValueError(f"momentum must be in [0, 1), got {momentum!r}")
         check_intervals(tau_prime=tau_prime, tau=tau)
+        if learning_rate is not None and not callable(learning_rate):
+            raise ValueError(f"learning_rate must be a callable returning the current rate, "
+                             f"got {learning_rate!r}")
+        self.learning_rate = learning_rate
+        self._lr_last = 1.0
         self.algorithm = algorithm
         self.tau_prime = tau_prime
         self.tau = tau
@@ -206,11 +224,21 @@ class SparseSGD:
             # decide at the target density, not at the warm-up's first (higher) one
             dispatch.resolve(send, name=name, density=self.density)
             self._decided.add(name)
+        lr = None
+        if self.learning_rate is not None and (algorithm not in ALGORITHMS
+                                               or ALGORITHMS[algorithm].lossy):
+            rate = float(self.learning_rate())
+            if rate > 0:
+                self._lr_last = rate
+            lr = self._lr_last        # the divisor: positive
+            send = send * max(rate, 0.0)   # a new tensor: the caller's (or velocity) stays
         before = comm.traffic.total().bytes_sent
         t0 = time.perf_counter()
         out = dispatch.allreduce(send, name=name, algorithm=algorithm,
                                  density=self.current_density, op="mean",
                                  tau_prime=self.tau_prime, tau=self.tau)
+        if lr is not None:
+            out = out / lr
         self.comm_seconds += time.perf_counter() - t0
         self.bytes_sent += comm.traffic.total().bytes_sent - before
         self.last_algorithm = _resolved(algorithm, name)

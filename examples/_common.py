@@ -47,6 +47,9 @@ def parser(description: str, *, epochs: int, batch_size: int, lr: float,
                         "--integration optimizer gradients are then clipped on each rank before "
                         "they are sent (with ddp the hook reduces during backward, so the "
                         "reduced velocity is clipped)")
+    p.add_argument("--fold-lr", action="store_true",
+                   help="the residual accumulates lr x gradient (the paper's Algorithm 2), so a "
+                        "value that waited is applied at its own step's learning rate")
     p.add_argument("--tau-prime", type=int, default=None,
                    help="sparse algorithms' threshold refresh interval tau' (default 32)")
     p.add_argument("--option", action="append", default=[], metavar="ALGO.KEY=VALUE",
@@ -161,7 +164,9 @@ def run_grid(args, *, name: str, device: torch.device, make_model, make_optimize
             hook = at.HookState(algorithm=algorithm, density=density,
                                 warmup_steps=max(1, args.warmup_steps), prefix=prefix,
                                 momentum=mc, density_warmup=args.density_warmup,
-                                tau_prime=args.tau_prime)
+                                tau_prime=args.tau_prime,
+                                learning_rate=((lambda o=local_opt: o.param_groups[0]["lr"])
+                                               if args.fold_lr else None))
             net.register_comm_hook(hook, at.allreduce_hook)
             opt = local_opt
             sgd = hook.sgd
@@ -171,7 +176,8 @@ def run_grid(args, *, name: str, device: torch.device, make_model, make_optimize
                 local_opt, named_parameters=model.named_parameters(),
                 algorithm=algorithm, density=density, flat=args.layout == "flat",
                 warmup_steps=args.warmup_steps, prefix=prefix, momentum=mc,
-                density_warmup=args.density_warmup, tau_prime=args.tau_prime)
+                density_warmup=args.density_warmup, tau_prime=args.tau_prime,
+                fold_lr=args.fold_lr)
             sgd = opt.sparse_sgd
         sched = None
         if args.schedule == "cosine":

@@ -84,6 +84,45 @@ def test_sparse_sgd_warmup_then_sparse_conserves_mass(flat):
         np.testing.assert_allclose(total_out[k] + res[k], total_in[k], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("algorithm", ["topka", "oktopk"])
+def test_folded_learning_rate_applies_each_value_at_its_own_rate(algorithm):
+    """learning_rate (the paper's eps + lr G): under a schedule, what the
+    optimizer applies (rate x output) plus the residual equals the sum of
+    rate x gradient over the steps (P = 1, a lossy algorithm; what a rate-0
+    step delivers is applied at rate 0, as without folding); a constant
+    rate gives the unfolded outputs (up to rounding); dense steps are exact."""
+    rng = np.random.default_rng()
+    rates = [0.5, 0.5, 0.4, 0.25, 0.1, 0.0, 0.05, 0.02]
+    now = {"lr": 0.0}
+    sgd = SparseSGD(algorithm=algorithm, density=0.05, warmup_steps=1,
+                    learning_rate=lambda: now["lr"], prefix=f"fold.{algorithm}")
+    const = SparseSGD(algorithm=algorithm, density=0.05, learning_rate=lambda: 0.37,
+                      prefix=f"fold.c.{algorithm}")
+    plain = SparseSGD(algorithm=algorithm, density=0.05, prefix=f"fold.p.{algorithm}")
+    with pytest.raises(ValueError, match="callable"):
+        SparseSGD(algorithm=algorithm, learning_rate=0.1)
+    import autotune
+
+    applied, fed, lost = np.zeros(500), np.zeros(500), np.zeros(500)
+    for i, lr in enumerate(rates):
+        now["lr"] = lr
+        g = rng.standard_t(3, 500).astype(np.float32)
+        out = sgd.allreduce(g, "x")
+        if sgd.step == 0:
+            np.testing.assert_array_equal(out, g)       # dense warm-up: not folded
+        sgd.advance()
+        applied += lr * np.asarray(out, np.float64)
+        if lr == 0:       # delivered, divided by the last positive rate, applied at 0
+            lost += rates[i - 1] * np.asarray(out, np.float64)
+        fed += lr * g.astype(np.float64)
+        a, b = const.allreduce(g, "x"), plain.allreduce(g, "x")
+        const.advance()
+        plain.advance()
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    res = autotune.algorithm_instance(algorithm).state(f"fold.{algorithm}.x").residual
+    np.testing.assert_allclose(applied + res + lost, fed, rtol=1e-4, atol=1e-5)
+
+
 def test_momentum_correction_masks_what_was_sent():
     """u = m u + g is sent; after a lossy step u is zero exactly where this
     rank's value reached the result (at P = 1: where the result is non-zero)
@@ -163,6 +202,21 @@ def test_distributed_optimizer_wraps_and_schedulers_work():
     assert opt.state_dict()["state"], "momentum buffers live in the wrapped optimizer's state"
     with pytest.raises(ValueError, match="already"):
         at.DistributedOptimizer(opt)
+    # fold_lr follows the scheduler's rate: it needs one rate for all groups
+    two = torch.optim.SGD([{"params": model[0].parameters()},
+                           {"params": model[2].parameters(), "lr": 0.01}], lr=0.1)
+    with pytest.raises(ValueError, match="one learning rate"):
+        at.DistributedOptimizer(two, named_parameters=model.named_parameters(), fold_lr=True)
+    folded = at.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.2),
+                                     named_parameters=model.named_parameters(), fold_lr=True,
+                                     algorithm="gtopk", density=0.5, prefix="p2")
+    sched = torch.optim.lr_scheduler.StepLR(folded, step_size=1, gamma=0.5)
+    for _ in range(2):
+        folded.zero_grad()
+        model(torch.randn(5, 4)).sum().backward()
+        folded.step()
+        sched.step()
+    assert folded.sparse_sgd.learning_rate() == pytest.approx(0.05)
 
 
 def test_distributed_optimizer_needs_every_parameter_named():
@@ -259,7 +313,8 @@ def test_distributed_optimizer_keeps_replicas_identical(mpirun, nprocs):
                                                  ("lstm_lm", "ddp")])
 def test_examples_write_curves(tmp_path, example, integration):
     """The training examples run end to end at P = 2 (a few steps per epoch),
-    with momentum correction and a density warm-up, and write the curves:
+    with momentum correction, a density warm-up and the folded learning
+    rate, and write the curves:
     per-epoch loss, the metric and wall time."""
     pytest.importorskip("torch")
     pytest.importorskip("sklearn")
@@ -272,7 +327,7 @@ def test_examples_write_curves(tmp_path, example, integration):
     argv = mpiexec_argv(2, [sys.executable, str(root / "examples" / f"{example}.py"),
                             "--algorithm", "gtopk,dense", "--density", "0.05", "--seed", "3",
                             "--epochs", "2", "--max-steps-per-epoch", "3",
-                            "--momentum-correction", "--density-warmup", "2",
+                            "--momentum-correction", "--density-warmup", "2", "--fold-lr",
                             "--integration", integration, "--out", str(out)])
     p = subprocess.run(argv, env=mpi_env(), capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
