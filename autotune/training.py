@@ -134,7 +134,8 @@ class SparseSGD:
 
     Raises:
         ValueError: unknown algorithm, density outside (0, 1], negative
-            warm-up, momentum outside [0, 1), tau_prime or tau below 1.
+            warm-up, momentum outside [0, 1), tau_prime or tau below 1,
+            learning_rate not callable.
     """
 
     __slots__ = (

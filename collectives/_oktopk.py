@@ -576,21 +576,19 @@ class OkTopk(SparseAllreduce):
         feedback at small k builds far steeper walls: values wait just below
         (and, sent but not taken, above) the threshold, and in training a
         fixed gain of 0.1 swung the count between 0.1k and 14k on alternate
-        calls.  With ``adaptive_step`` the step adapts as in Rprop: both
-        exponents (gain, and the floor's: scale = scale^1) are multiplied by
-        f, which halves when a correction reverses the previous one and grows
-        by half (up to 1) when it repeats it.  Without it f stays 1.
+        calls.  With ``adaptive_step`` the step adapts as in Rprop: it is
+        raised to a power f in (0, 1] that halves when a correction reverses
+        the previous one and grows by half (up to 1) when it repeats it.
+        Without it f stays 1.
         """
         lo, hi = self.bands
         f, last = (1.0, 0) if ctl is None else ctl
         if lo * k <= count <= hi * k:
             return thr, (f, last)
         d = 1 if count > hi * k else -1
-        if not self.adaptive_step:
-            pass
-        elif d == -last:
+        if self.adaptive_step and d == -last:
             f *= 0.5
-        elif d == last:
+        elif self.adaptive_step and d == last:
             f = min(1.5 * f, 1.0)
         r = count / k if d > 0 else k / max(count, 0.5)
         step = max(self.scale, r ** self.gain) ** f
