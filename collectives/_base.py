@@ -135,7 +135,7 @@ class SparseState:
                   (threshold refresh interval)
       internal:   residual, local_threshold, global_threshold, boundaries,
                   iteration, local_control, global_control (how a reused
-                  threshold is being rescaled: Ok-Topk's adaptive gain)
+                  threshold is being rescaled: Ok-Topk's adaptive_step)
       statistics: selected_local, selected_global (counts at the last call)
     """
 
