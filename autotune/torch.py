@@ -47,6 +47,7 @@ __all__ = [
     "HookState",
     "allreduce_hook",
     "broadcast_parameters",
+    "current_lr",
     "init_process_group",
     "state_digest",
 ]
@@ -115,7 +116,7 @@ class HookState:
             (``autotune.training.SparseSGD``).
         tau_prime, tau: the sparse algorithm's refresh intervals (``SparseSGD``).
         learning_rate: None, or a callable returning the optimizer's current
-            rate (e.g. ``lambda: opt.param_groups[0]["lr"]``): the residual
+            rate (e.g. ``lambda: current_lr(opt)``): the residual
             accumulates lr x gradient as in the paper's Algorithm 2
             (``autotune.training``).
 
@@ -279,17 +280,22 @@ def DistributedOptimizer(optimizer, named_parameters=None, *, algorithm: str = "
     new._autotune_names = names
     new._autotune_synchronized = False
     if fold_lr:
-        _one_rate(new)
+        current_lr(new)
     new.sparse_sgd = SparseSGD(algorithm=algorithm, density=density,
                                warmup_steps=warmup_steps, flat=flat, prefix=prefix,
                                momentum=momentum, density_warmup=density_warmup,
                                tau_prime=tau_prime, tau=tau,
-                               learning_rate=(lambda: _one_rate(new)) if fold_lr else None)
+                               learning_rate=(lambda: current_lr(new)) if fold_lr else None)
     return new
 
 
-def _one_rate(optimizer) -> float:
-    """The learning rate shared by all of ``optimizer``'s parameter groups."""
+def current_lr(optimizer) -> float:
+    """The learning rate shared by all of ``optimizer``'s parameter groups now
+    (what ``fold_lr`` / ``HookState(learning_rate=...)`` fold in).
+
+    Raises:
+        ValueError: the groups' rates differ.
+    """
     rates = {float(g["lr"]) for g in optimizer.param_groups}
     if len(rates) != 1:
         raise ValueError(f"fold_lr needs one learning rate for all parameter groups, "

@@ -165,7 +165,7 @@ def run_grid(args, *, name: str, device: torch.device, make_model, make_optimize
                                 warmup_steps=max(1, args.warmup_steps), prefix=prefix,
                                 momentum=mc, density_warmup=args.density_warmup,
                                 tau_prime=args.tau_prime,
-                                learning_rate=((lambda o=local_opt: o.param_groups[0]["lr"])
+                                learning_rate=((lambda o=local_opt: at.current_lr(o))
                                                if args.fold_lr else None))
             net.register_comm_hook(hook, at.allreduce_hook)
             opt = local_opt

@@ -216,7 +216,9 @@ def test_distributed_optimizer_wraps_and_schedulers_work():
         model(torch.randn(5, 4)).sum().backward()
         folded.step()
         sched.step()
-    assert folded.sparse_sgd.learning_rate() == pytest.approx(0.05)
+    assert folded.sparse_sgd.learning_rate() == at.current_lr(folded) == pytest.approx(0.05)
+    with pytest.raises(ValueError, match="one learning rate"):
+        at.current_lr(two)   # what a DDP hook's learning_rate callable would hit
 
 
 def test_distributed_optimizer_needs_every_parameter_named():
