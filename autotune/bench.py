@@ -12,18 +12,32 @@ a stream synchronize so the split is honest (this removes any overlap).
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import numpy as np
 
 import collectives
-from collectives import ALGORITHMS, timeit
+from collectives import ALGORITHMS, timeit, timeit_interleaved
 
 from .dispatch import parse_spec
 
 
 def sweep(comm, sizes, algorithms, density: float, repeat: int, warmup: int, seed: int = 0,
-          progress=None, device: str = "cpu", baseline: str = "mpi"):
+          progress=None, device: str = "cpu", baseline: str = "mpi", order: str = "interleaved"):
+    """Time every algorithm at every n; one row per (n, algorithm).
+
+    ``order="interleaved"`` (default) runs repeat i of every algorithm before
+    repeat i+1 of any (``collectives.timeit_interleaved``), so slow drifts of a
+    shared machine fall on all algorithms of a size alike and their ratios
+    (speedups, the regret study's best/chosen) are measured side by side: on this
+    project's 2-core CPU machine it halved the noise floor of the regret study
+    (docs/BENCHMARKS.md, "Side by side").  It keeps every algorithm's state and
+    scratch alive for the whole size (more memory); ``"sequential"`` runs each
+    algorithm's warm-up and repeats in turn and frees it before the next.
+    """
+    if order not in ("sequential", "interleaved"):
+        raise ValueError(f"order must be 'sequential' or 'interleaved', got {order!r}")
     rows = []
     rng = np.random.default_rng([seed, comm.rank])
     sync = None
@@ -36,39 +50,56 @@ def sweep(comm, sizes, algorithms, density: float, repeat: int, warmup: int, see
         x = rng.standard_t(2.0, n).astype(np.float32)
         if device == "gpu":
             x = cupy.asarray(x)
-        base = None
+        calls, splits = [], []
         for name in algorithms:
             base_name, kw = parse_spec(name)
             algo = ALGORITHMS[base_name](comm, check_finite=False, **kw)
-            splits = []
+            mine: list = []
 
-            def call():
+            def call(algo=algo, mine=mine):
                 algo(x, name="bench", density=density)
-                splits.append(algo.last_traffic)
+                mine.append(algo.last_traffic)
 
-            times = timeit(call, comm=comm, warmup=warmup, repeat=repeat, sync=sync)
-            timed = splits[warmup:]
-            med = float(np.median(times))
-            if name == baseline:
-                base = med
-            sent = max(t.total().bytes_sent for t in timed)
-            sent = int(comm._allreduce(np.array([sent], dtype=np.int64), "max")[0])
-            kinds: dict[str, float] = {}
-            for t in timed:
-                for kk, v in t.by_kind().items():
-                    kinds[kk] = kinds.get(kk, 0.0) + v / len(timed)
-            rows.append({
-                "n": n, "P": comm.size, "algorithm": name, "density": density,
-                "median_s": med, "min_s": float(times.min()), "times_s": times.tolist(),
-                "bytes_sent_max": sent, "split_s": kinds,
-            })
+            calls.append(call)
+            splits.append(mine)
+        if order == "interleaved":
+            all_times = timeit_interleaved(calls, comm=comm, warmup=warmup, repeat=repeat,
+                                           sync=sync)
+        else:
+            all_times = None
+        size_rows = []
+        for i, name in enumerate(algorithms):
+            if all_times is None:
+                times = timeit(calls[i], comm=comm, warmup=warmup, repeat=repeat, sync=sync)
+                calls[i] = None         # free this algorithm's state before the next
+            else:
+                times = all_times[i]
+            size_rows.append(_row(comm, n, name, density, times, splits[i][warmup:]))
             if progress:
-                progress(rows[-1])
-        for r in rows:
-            if r["n"] == n and base:
+                progress(size_rows[-1])
+        del calls, splits
+        base = next((r["median_s"] for r in size_rows if r["algorithm"] == baseline), None)
+        for r in size_rows:
+            if base:
                 r["speedup_vs_baseline"] = base / r["median_s"]
                 r["baseline"] = baseline
+        rows += size_rows
     return rows
+
+
+def _row(comm, n, name, density, times, timed) -> dict:
+    med = float(np.median(times))
+    sent = max(t.total().bytes_sent for t in timed)
+    sent = int(comm._allreduce(np.array([sent], dtype=np.int64), "max")[0])
+    kinds: dict[str, float] = {}
+    for t in timed:
+        for kk, v in t.by_kind().items():
+            kinds[kk] = kinds.get(kk, 0.0) + v / len(timed)
+    return {
+        "n": n, "P": comm.size, "algorithm": name, "density": density,
+        "median_s": med, "min_s": float(times.min()), "times_s": times.tolist(),
+        "bytes_sent_max": sent, "split_s": kinds,
+    }
 
 
 def format_table(rows) -> str:
@@ -108,10 +139,27 @@ def main(args) -> int:
 
     rows = sweep(comm, sizes, algos, args.density, args.repeat, args.warmup, progress=progress,
                  device="gpu" if args.backend == "nccl" or args.device == "gpu" else "cpu",
-                 baseline=base)
+                 baseline=base, order=args.order)
     if comm.rank == 0:
         print(format_table(rows))
         if args.out:
             with open(args.out, "w") as f:
-                json.dump({"rows": rows}, f, indent=1)
+                json.dump({"rows": rows, "meta": _meta(comm, args)}, f, indent=1)
     return 0
+
+
+def _meta(comm, args) -> dict:
+    """What a stored sweep needs to be compared with another: when, where, how."""
+    import datetime
+    import platform
+
+    import autotune
+
+    return {
+        "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "host_cores": os.cpu_count(), "machine": platform.machine(), "P": comm.size,
+        "autotune": autotune.__version__, "numpy": np.__version__,
+        "options": {k: getattr(args, k) for k in
+                    ("log2n", "density", "algorithms", "repeat", "warmup", "backend",
+                     "device", "order")},
+    }

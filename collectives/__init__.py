@@ -11,7 +11,7 @@
 from ._base import (ALGORITHMS, Algorithm, SparseAllreduce, SparseState, check_intervals, register,
                     validate)
 from ._comm import Communicator, MPICommunicator, PhaseCounters, Traffic
-from ._timing import timeit
+from ._timing import timeit, timeit_interleaved
 from ._nccl import NCCLCommunicator
 from ._dense import Dense, NativeMPI, NativeNCCL, rabenseifner
 from ._topk import GaussianK, TopkA
@@ -42,5 +42,6 @@ __all__ = [
     "rabenseifner",
     "register",
     "timeit",
+    "timeit_interleaved",
     "validate",
 ]

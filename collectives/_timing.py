@@ -4,12 +4,49 @@ Like ``cupyx.profiler.benchmark``: warm-up calls, then timed repeats, each
 started after a barrier and closed with a device synchronization when the
 work runs on a GPU; the time of a repeat is the slowest rank's, since a
 collective is only done when every rank is.
+
+``timeit_interleaved`` times several callables side by side: repeat i runs
+each of them once, starting at the i-th (round robin), so a drift of the
+machine (load, clock, allocator state) falls on all of them alike and their
+ratios stay meaningful on a shared machine where absolute times do not.
 """
 from __future__ import annotations
 
 import time
 
 import numpy as np
+
+
+def timeit_interleaved(fns, *, comm=None, warmup: int = 2, repeat: int = 10,
+                       sync=None) -> np.ndarray:
+    """Time each of ``fns`` ``repeat`` times, interleaved; returns seconds of
+    shape (len(fns), repeat), the slowest rank's (identical on every rank).
+
+    Warm-up: ``warmup`` untimed rounds over all of ``fns``.  Timed round i
+    calls ``fns[(i + j) % m]`` for j = 0..m-1, each after a barrier, so no
+    callable always follows the same one.  ``comm`` and ``sync`` as ``timeit``.
+    """
+    fns = list(fns)
+    m = len(fns)
+    for _ in range(warmup):
+        for fn in fns:
+            fn()
+            if sync:
+                sync()
+    out = np.empty((m, repeat), dtype=np.float64)
+    for i in range(repeat):
+        for j in range(m):
+            a = (i + j) % m
+            if comm is not None:
+                comm.barrier()
+            t0 = time.perf_counter()
+            fns[a]()
+            if sync:
+                sync()
+            out[a, i] = time.perf_counter() - t0
+    if comm is not None and comm.size > 1 and out.size:
+        out = comm._allreduce(out, "max")  # timing control data: not counted as traffic
+    return out
 
 
 def timeit(fn, *, comm=None, warmup: int = 2, repeat: int = 10, sync=None) -> np.ndarray:
@@ -24,19 +61,4 @@ def timeit(fn, *, comm=None, warmup: int = 2, repeat: int = 10, sync=None) -> np
         sync: called after ``fn`` inside the timed region (e.g. a CUDA stream
             synchronize) so asynchronous work is counted.
     """
-    for _ in range(warmup):
-        fn()
-        if sync:
-            sync()
-    out = np.empty(repeat, dtype=np.float64)
-    for i in range(repeat):
-        if comm is not None:
-            comm.barrier()
-        t0 = time.perf_counter()
-        fn()
-        if sync:
-            sync()
-        out[i] = time.perf_counter() - t0
-    if comm is not None and comm.size > 1:
-        out = comm._allreduce(out, "max")  # timing control data: not counted as traffic
-    return out
+    return timeit_interleaved([fn], comm=comm, warmup=warmup, repeat=repeat, sync=sync)[0]

@@ -28,12 +28,15 @@ def load_points(paths):
     return pts
 
 
-def evaluate(profile: dict, points, *, exclude=()):
+def evaluate(profile: dict, points, *, exclude=(), other=None):
+    """Regret of each strategy at each point.  ``other``: points of another sweep
+    of the same grid; its fastest algorithm at a point, scored with this sweep's
+    times, is the noise floor (what a perfect selector trained on one measurement
+    scores on another), reported as the strategy "other sweep's best"."""
     learned = Selector(profile)
     bare = Selector(profile, learn=False)
-    strategies = {"learned selector": None, "cost model": None, "always dense": "dense",
-                  "always oktopk": "oktopk"}
-    regrets = {s: [] for s in strategies}
+    regrets = {s: [] for s in ("learned selector", "cost model", "always dense", "always oktopk",
+                               "other sweep's best")}
     rows = []
     for (n, P, d), times in sorted(points.items()):
         cands = [a for a in times if a in learned.algorithms and a not in exclude]
@@ -45,6 +48,10 @@ def evaluate(profile: dict, points, *, exclude=()):
             "cost model": bare.choose(n, P, d, candidates=cands).algorithm,
             "always dense": "dense", "always oktopk": "oktopk",
         }
+        theirs = (other or {}).get((n, P, d), {})
+        theirs = [a for a in cands if a in theirs]
+        if theirs:
+            picks["other sweep's best"] = min(theirs, key=other[(n, P, d)].get)
         row = {"n": n, "P": P, "density": d, "best": best, "best_s": times[best]}
         for s, a in picks.items():
             if a not in times:
@@ -80,6 +87,9 @@ def main(argv=None) -> int:
     ap.add_argument("--off-grid", action="store_true",
                     help="score only points whose (n, P, density) the profile never ran "
                          "(a separate measurement of a training configuration is not held out)")
+    ap.add_argument("--noise-from", nargs="+", metavar="SWEEP",
+                    help="another measurement of the same grid: its fastest algorithm at each "
+                         "point, scored with --measured's times, gives the noise floor")
     ap.add_argument("--cv-baseline", metavar="NAME",
                     help="leave-one-size-out cross-validation on the --measured sweeps alone, "
                          "network terms fitted from the NAME (native) and dense rows, compute "
@@ -93,7 +103,8 @@ def main(argv=None) -> int:
         if args.off_grid:
             seen = {(r["n"], r["P"], r.get("density")) for r in prof.get("runs", [])}
             points = {key: v for key, v in points.items() if key not in seen}
-        rows, summary = evaluate(prof, points,
+        other = load_points(args.noise_from) if args.noise_from else None
+        rows, summary = evaluate(prof, points, other=other,
                                  exclude=[a for a in args.exclude.split(",") if a])
     print(markdown(rows, summary))
     return 0

@@ -305,7 +305,9 @@ def rank_main(args) -> int:
             print(f"  P={r['P']} n=2^{int(math.log2(r['n']))} {r['algorithm']:10s} "
                   f"{1e3 * r['median_s']:10.2f} ms", flush=True)
 
-    rows = sweep(comm, sizes, algos, args.density, args.repeat, args.warmup, progress=progress)
+    # sequential, as the stored P = 2..32 runs were measured (one algorithm's state at a time)
+    rows = sweep(comm, sizes, algos, args.density, args.repeat, args.warmup, progress=progress,
+                 order="sequential")
     if comm.rank == 0:
         with open(args.json, "w") as f:
             json.dump(rows, f)

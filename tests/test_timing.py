@@ -1,0 +1,57 @@
+"""The shared timing primitive and the side-by-side (interleaved) sweeps built on it."""
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import collectives
+from autotune.bench import sweep
+from autotune.studies import regret
+from collectives import timeit, timeit_interleaved
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_interleaved_rounds_rotate_and_time_every_callable():
+    calls = []
+    fns = [lambda c=c: calls.append(c) for c in "abc"]
+    t = timeit_interleaved(fns, warmup=1, repeat=4)
+    assert t.shape == (3, 4) and (t > 0).all()
+    # one warm-up round in order, then round i starts at callable i (mod 3)
+    assert "".join(calls) == "abc" + "abc" + "bca" + "cab" + "abc"
+
+
+def test_timeit_is_the_one_callable_case():
+    calls = []
+    t = timeit(lambda: calls.append(1), warmup=2, repeat=5)
+    assert t.shape == (5,) and len(calls) == 7
+
+
+def test_sweep_orders_agree_on_everything_but_time():
+    comm = collectives.MPICommunicator()
+    algos = ["mpi", "dense", "topka", "oktopk"]
+    rows = {o: sweep(comm, [1 << 12, 1 << 13], algos, 0.01, 3, 1, seed=int(
+        np.random.default_rng().integers(1 << 30)), order=o) for o in ("sequential", "interleaved")}
+    for o, rs in rows.items():
+        assert [(r["n"], r["algorithm"]) for r in rs] == [(n, a) for n in (4096, 8192) for a in algos]
+        assert all(len(r["times_s"]) == 3 and r["median_s"] > 0 for r in rs)
+        assert all(r["baseline"] == "mpi" and r["speedup_vs_baseline"] > 0 for r in rs)
+    assert [r["bytes_sent_max"] for r in rows["sequential"]] == \
+        [r["bytes_sent_max"] for r in rows["interleaved"]]
+    with pytest.raises(ValueError, match="order"):
+        sweep(comm, [1 << 12], algos, 0.01, 1, 0, order="random")
+
+
+def test_noise_floor_strategy_scores_the_other_sweeps_pick():
+    prof = json.loads((ROOT / "profiles" / "cpu_shm_p8.json").read_text())
+    key = (1 << 20, 4, 0.01)
+    rng = np.random.default_rng()
+    a, b = 1.0 + rng.random(), 1.0 + rng.random()
+    here = {key: {"dense": a, "mpi": a + b}}          # dense faster here ...
+    there = {key: {"dense": 2.0 * b, "mpi": b}}       # ... mpi faster in the other sweep
+    rows, summary = regret.evaluate(prof, here, other=there)
+    assert rows[0]["other sweep's best"] == ("mpi", pytest.approx((a + b) / a))
+    assert summary["other sweep's best"][1] == pytest.approx((a + b) / a)
+    _, alone = regret.evaluate(prof, here)
+    assert "other sweep's best" not in alone
