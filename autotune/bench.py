@@ -137,18 +137,18 @@ def main(args) -> int:
                   f"{1e3 * r['median_s']:9.2f} ms  sent {r['bytes_sent_max'] / 1e6:8.2f} MB",
                   flush=True)
 
+    device = "gpu" if args.backend == "nccl" or args.device == "gpu" else "cpu"
     rows = sweep(comm, sizes, algos, args.density, args.repeat, args.warmup, progress=progress,
-                 device="gpu" if args.backend == "nccl" or args.device == "gpu" else "cpu",
-                 baseline=base, order=args.order)
+                 device=device, baseline=base, order=args.order)
     if comm.rank == 0:
         print(format_table(rows))
         if args.out:
             with open(args.out, "w") as f:
-                json.dump({"rows": rows, "meta": _meta(comm, args)}, f, indent=1)
+                json.dump({"rows": rows, "meta": _meta(comm, args, device)}, f, indent=1)
     return 0
 
 
-def _meta(comm, args) -> dict:
+def _meta(comm, args, device: str) -> dict:
     """What a stored sweep needs to be compared with another: when, where, how."""
     import datetime
     import platform
@@ -158,8 +158,7 @@ def _meta(comm, args) -> dict:
     return {
         "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "host_cores": os.cpu_count(), "machine": platform.machine(), "P": comm.size,
-        "autotune": autotune.__version__, "numpy": np.__version__,
+        "autotune": autotune.__version__, "numpy": np.__version__, "device": device,
         "options": {k: getattr(args, k) for k in
-                    ("log2n", "density", "algorithms", "repeat", "warmup", "backend",
-                     "device", "order")},
+                    ("log2n", "density", "algorithms", "repeat", "warmup", "backend", "order")},
     }

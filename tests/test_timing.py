@@ -55,3 +55,18 @@ def test_noise_floor_strategy_scores_the_other_sweeps_pick():
     assert summary["other sweep's best"][1] == pytest.approx((a + b) / a)
     _, alone = regret.evaluate(prof, here)
     assert "other sweep's best" not in alone
+
+
+def test_bench_cli_stores_rows_with_their_settings(tmp_path):
+    import subprocess
+    import sys
+
+    out = tmp_path / "sweep.json"
+    subprocess.run([sys.executable, "-m", "autotune.cli", "bench", "--log2n", "10:11", "--repeat", "2",
+                    "--warmup", "0", "--algorithms", "dense,topka", "--out", str(out)],
+                   check=True, capture_output=True, cwd=ROOT)
+    res = json.loads(out.read_text())
+    assert {r["algorithm"] for r in res["rows"]} == {"mpi", "dense", "topka"}
+    meta = res["meta"]
+    assert meta["P"] == 1 and meta["device"] == "cpu" and meta["options"]["order"] == "interleaved"
+    assert meta["options"]["repeat"] == 2 and meta["date_utc"].endswith("+00:00")
