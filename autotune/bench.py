@@ -24,20 +24,27 @@ from .dispatch import parse_spec
 
 
 def sweep(comm, sizes, algorithms, density: float, repeat: int, warmup: int, seed: int = 0,
-          progress=None, device: str = "cpu", baseline: str = "mpi", order: str = "interleaved"):
+          progress=None, device: str = "cpu", baseline: str = "mpi", order: str = "auto"):
     """Time every algorithm at every n; one row per (n, algorithm).
 
-    ``order="interleaved"`` (default) runs repeat i of every algorithm before
-    repeat i+1 of any (``collectives.timeit_interleaved``), so slow drifts of a
-    shared machine fall on all algorithms of a size alike and their ratios
-    (speedups, the regret study's best/chosen) are measured side by side: on this
-    project's 2-core CPU machine it halved the noise floor of the regret study
-    (docs/BENCHMARKS.md, "Side by side").  It keeps every algorithm's state and
-    scratch alive for the whole size (more memory); ``"sequential"`` runs each
-    algorithm's warm-up and repeats in turn and frees it before the next.
+    ``order="interleaved"`` runs repeat i of every algorithm before repeat i+1 of
+    any (``collectives.timeit_interleaved``), so slow drifts of a shared machine
+    fall on all algorithms of a size alike and their ratios (speedups, the regret
+    study's best/chosen) are measured side by side: on this project's 2-core CPU
+    machine it halved the noise floor of the regret study.  It keeps every
+    algorithm's state and scratch alive for the whole size (more memory), and
+    each call finds the caches as the other algorithms left them.
+    ``"sequential"`` runs each algorithm's warm-up and repeats in turn and frees
+    it before the next.  ``"auto"`` (default): interleaved for host data,
+    sequential on GPUs, where interleaving made TopkA 1.6-2x slower at 2^22-2^24
+    than the profiler's sequential runs of the same code on the same kind of H200
+    host (cause not isolated; a training job calls one algorithm, as a
+    sequential sweep does): docs/BENCHMARKS.md, "Side by side".
     """
-    if order not in ("sequential", "interleaved"):
-        raise ValueError(f"order must be 'sequential' or 'interleaved', got {order!r}")
+    if order not in ("auto", "sequential", "interleaved"):
+        raise ValueError(f"order must be 'auto', 'sequential' or 'interleaved', got {order!r}")
+    if order == "auto":
+        order = "sequential" if device == "gpu" else "interleaved"
     rows = []
     rng = np.random.default_rng([seed, comm.rank])
     sync = None
@@ -159,6 +166,8 @@ def _meta(comm, args, device: str) -> dict:
         "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "host_cores": os.cpu_count(), "machine": platform.machine(), "P": comm.size,
         "autotune": autotune.__version__, "numpy": np.__version__, "device": device,
+        "order": (args.order if args.order != "auto" else
+                  "sequential" if device == "gpu" else "interleaved"),
         "options": {k: getattr(args, k) for k in
                     ("log2n", "density", "algorithms", "repeat", "warmup", "backend", "order")},
     }

@@ -47,10 +47,11 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--repeat", type=int, default=10)
     b.add_argument("--warmup", type=int, default=3)
     b.add_argument("--out", help="write the raw rows (and the run's settings) as JSON")
-    b.add_argument("--order", choices=["interleaved", "sequential"], default="interleaved",
-                   help="interleaved (default): repeat i of every algorithm before repeat i+1 "
-                        "of any, so ratios are measured side by side; sequential: each "
-                        "algorithm's repeats in turn (less memory)")
+    b.add_argument("--order", choices=["auto", "interleaved", "sequential"], default="auto",
+                   help="interleaved: repeat i of every algorithm before repeat i+1 of any, so "
+                        "ratios are measured side by side; sequential: each algorithm's repeats "
+                        "in turn (less memory); auto (default): interleaved on host data, "
+                        "sequential on GPUs")
     b.add_argument("--backend", choices=["mpi", "nccl"], default="mpi",
                    help="communicator: MPI, or NCCL between GPUs (data on the GPU)")
     b.add_argument("--device", choices=["cpu", "gpu"], default="cpu",

@@ -68,5 +68,6 @@ def test_bench_cli_stores_rows_with_their_settings(tmp_path):
     res = json.loads(out.read_text())
     assert {r["algorithm"] for r in res["rows"]} == {"mpi", "dense", "topka"}
     meta = res["meta"]
-    assert meta["P"] == 1 and meta["device"] == "cpu" and meta["options"]["order"] == "interleaved"
+    assert meta["P"] == 1 and meta["device"] == "cpu" and meta["options"]["order"] == "auto"
+    assert meta["order"] == "interleaved"           # auto: side by side on host data
     assert meta["options"]["repeat"] == 2 and meta["date_utc"].endswith("+00:00")
