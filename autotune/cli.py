@@ -110,8 +110,13 @@ def build_parser() -> argparse.ArgumentParser:
     tu.add_argument("--n", type=int, required=True)
     tu.add_argument("--P", type=int, required=True)
     tu.add_argument("--algorithm", default="oktopk")
+    tu.add_argument("--density-min", type=float, default=0.01,
+                    help="the accuracy guard: the lowest density searched (default 1%%, where "
+                         "the convergence tables train at parity with dense)")
+    tu.add_argument("--density-max", type=float, default=0.1)
     tu.add_argument("--xi-max", type=float, default=None,
-                    help="largest tolerated xi (default: the profile's xi at density 1%%)")
+                    help="also require the profile's xi <= this (off by default: measured xi "
+                         "is not monotone in density; `autotune show` prints it per density)")
     tu.add_argument("--tau-prime-max", type=int, default=64)
     tu.add_argument("--trials", type=int, default=60)
     tu.add_argument("--storage", metavar="FILE", help="journal file: the study resumes from it")
@@ -185,15 +190,22 @@ def main(argv=None) -> int:
             print(f"profile {prof.path} ({prof.fingerprint.get('network', '?')})")
             print(d.explain())
             return 0
-        from .tuner import default_xi_max, tune
+        from .tuner import tune
 
-        xi_max = args.xi_max if args.xi_max is not None else default_xi_max(prof.data)
-        r = tune(prof.data, args.n, args.P, algorithm=args.algorithm, xi_max=xi_max,
-                 tau_prime_max=args.tau_prime_max, trials=args.trials, storage=args.storage,
-                 seed=args.seed)
+        try:
+            r = tune(prof.data, args.n, args.P, algorithm=args.algorithm,
+                     density_min=args.density_min, density_max=args.density_max,
+                     xi_max=args.xi_max, tau_prime_max=args.tau_prime_max, trials=args.trials,
+                     storage=args.storage, seed=args.seed)
+        except ValueError as e:
+            print(f"autotune tune: error: {e}", file=sys.stderr)
+            return 2
+        guard = f"density >= {args.density_min:g}" + (
+            f", xi <= {args.xi_max:g}" if args.xi_max is not None else "")
         print(f"{args.algorithm} n={args.n} P={args.P}: density={r.density:.5f} tau'={r.tau_prime} "
-              f"tau={r.tau} predicted {1e3 * r.time_s:.3f} ms/iteration, xi={r.xi} "
-              f"(guard xi <= {xi_max}, tau' <= {args.tau_prime_max}; "
+              f"tau={r.tau} predicted {1e3 * r.time_s:.3f} ms/iteration, "
+              f"xi={'-' if r.xi is None else f'{r.xi:.3g}'} "
+              f"(guard {guard}, tau' <= {args.tau_prime_max}; "
               f"{'feasible' if r.feasible else 'NO feasible trial: best infeasible shown'}, "
               f"{r.trials} trials)")
         print(f"use: autotune.allreduce(tensor, name=..., algorithm={args.algorithm!r}, "
