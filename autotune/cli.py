@@ -117,6 +117,10 @@ def build_parser() -> argparse.ArgumentParser:
     tu.add_argument("--xi-max", type=float, default=None,
                     help="also require the profile's xi <= this (off by default: measured xi "
                          "is not monotone in density; `autotune show` prints it per density)")
+    tu.add_argument("--capture-min", type=float, default=None,
+                    help="also require the top-k entries to carry at least this share of the "
+                         "gradient's norm (the profile's xi.captured_norm; profiles from "
+                         "2026-11-27 on)")
     tu.add_argument("--tau-prime-max", type=int, default=64)
     tu.add_argument("--trials", type=int, default=60)
     tu.add_argument("--storage", metavar="FILE", help="journal file: the study resumes from it")
@@ -195,13 +199,15 @@ def main(argv=None) -> int:
         try:
             r = tune(prof.data, args.n, args.P, algorithm=args.algorithm,
                      density_min=args.density_min, density_max=args.density_max,
-                     xi_max=args.xi_max, tau_prime_max=args.tau_prime_max, trials=args.trials,
+                     xi_max=args.xi_max, capture_min=args.capture_min,
+                     tau_prime_max=args.tau_prime_max, trials=args.trials,
                      storage=args.storage, seed=args.seed)
         except ValueError as e:
             print(f"autotune tune: error: {e}", file=sys.stderr)
             return 2
         guard = f"density >= {args.density_min:g}" + (
-            f", xi <= {args.xi_max:g}" if args.xi_max is not None else "")
+            f", xi <= {args.xi_max:g}" if args.xi_max is not None else "") + (
+            f", captured norm >= {args.capture_min:g}" if args.capture_min is not None else "")
         print(f"{args.algorithm} n={args.n} P={args.P}: density={r.density:.5f} tau'={r.tau_prime} "
               f"tau={r.tau} predicted {1e3 * r.time_s:.3f} ms/iteration, "
               f"xi={'-' if r.xi is None else f'{r.xi:.3g}'} "

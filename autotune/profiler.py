@@ -864,6 +864,9 @@ class _XiTracker:
     averaged accumulators (gradient plus residuals) an exact allreduce would
     select from: a relative selection error, at most about 1 in practice,
     comparable to what :class:`autotune.tuner.OnlineDensityGuard` observes.
+    ``captured`` is the share of the step's averaged gradient's L2 norm in its
+    own top-k entries: it rises with the density on every step (so do its
+    medians), unlike xi, which is why the tuner can use it as a guard.
     """
 
     def __init__(self, densities):
@@ -871,13 +874,18 @@ class _XiTracker:
         self.res: dict = {}
         self.values: dict = {d: [] for d in self.densities}
         self.values_acc: dict = {d: [] for d in self.densities}
+        self.captured: dict = {d: [] for d in self.densities}
 
     def step(self, grads: np.ndarray, lr: float, measure: bool) -> None:
         """``grads``: (P, n) per-rank gradients of one step."""
         P, n = grads.shape
-        denom = float(np.linalg.norm((lr * grads.mean(axis=0, dtype=np.float64))))
+        mean = grads.mean(axis=0, dtype=np.float64)
+        denom = float(np.linalg.norm(lr * mean))
         for d in self.densities:
             k = kernels.k_from_density(n, d)
+            if measure and denom > 0:
+                self.captured[d].append(
+                    float(np.linalg.norm(_topk_dense(mean, k))) / float(np.linalg.norm(mean)))
             res = self.res.get(d)
             if res is None or res.shape != grads.shape:
                 res = np.zeros_like(grads)
@@ -904,6 +912,7 @@ class _XiTracker:
     def record(self, source: str, **extra) -> dict:
         by, med = self._summary(self.values)
         by_acc, med_acc = self._summary(self.values_acc)
+        by_cap, _ = self._summary(self.captured)
         return {"source": source, "by_density": by, "median": med,
                 "samples": {str(d): [float(x) for x in v] for d, v in self.values.items()},
                 "definition": "||Topk(mean_i acc_i) - Topk(mean_i Topk(acc_i))||"
@@ -916,6 +925,11 @@ class _XiTracker:
                     "definition": "the same gap / ||mean_i acc_i|| (averaged accumulators,"
                                   " residuals included): a relative selection error, not the"
                                   " paper's xi"},
+                "captured_norm": {
+                    "by_density": by_cap,
+                    "definition": "||Topk(mean_i G_i)|| / ||mean_i G_i||: the share of the step's"
+                                  " averaged gradient's L2 norm in its own top-k entries (median"
+                                  " over the measured steps); rises with the density"},
                 **extra}
 
 

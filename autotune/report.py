@@ -143,6 +143,12 @@ def xi_lines(prof: Profile) -> list[str]:
                      + ", ".join(f"{d}: {v:.4f}" if v is not None else f"{d}: n/a"
                                  for d, v in sorted(acc["by_density"].items(),
                                                     key=lambda kv: float(kv[0]))))
+    cap = xi.get("captured_norm")
+    if cap and cap.get("by_density"):
+        lines.append("  share of the gradient's norm in its top-k (tune --capture-min): "
+                     + ", ".join(f"{d}: {v:.4f}" if v is not None else f"{d}: n/a"
+                                 for d, v in sorted(cap["by_density"].items(),
+                                                    key=lambda kv: float(kv[0]))))
     if xi.get("model"):
         lines.append(f"  from: {xi['model']}, {xi.get('steps')} steps, train accuracy "
                      f"{xi.get('train_accuracy', float('nan')):.3f}")

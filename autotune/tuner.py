@@ -14,6 +14,11 @@ measured by running it (``measure=callable``).  The accuracy guard:
   not on by default: measured xi is not monotone in the density (on the
   1 Gbit/s CPU profile 15.9 at 0.1%, 17.1 at 1%, 6.4 at 5%), so "xi no worse
   than at 1%" admitted 0.01% densities;
+* optionally (``capture_min``), the share of the gradient's norm that the
+  top-k entries carry, measured by the profiler on the same gradients
+  (``xi.captured_norm``): at least ``capture_min``.  It rises with the
+  density, so it sets a floor fitted to the model's gradients (a profile made
+  with ``--gradients`` from the user's own model);
 * tau' at or below ``tau_prime_max`` (stale thresholds select worse: see
   docs/BENCHMARKS.md, selection quality versus tau').
 
@@ -31,16 +36,20 @@ from dataclasses import dataclass
 from .selector import Selector
 
 
-def xi_curve(profile: dict):
-    """(log10 densities, xi values) measured by the profiler, sorted; may be empty."""
-    by = (profile.get("xi") or {}).get("by_density") or {}
+def xi_curve(profile: dict, field: str | None = None):
+    """(log10 densities, values) measured by the profiler, sorted; may be empty.
+    The values are xi's, or with ``field`` those of ``profile["xi"][field]``
+    (e.g. ``"captured_norm"``)."""
+    xi = profile.get("xi") or {}
+    by = ((xi.get(field) or {}) if field else xi).get("by_density") or {}
     pts = sorted((math.log10(float(d)), float(v)) for d, v in by.items() if v is not None)
     return [p[0] for p in pts], [p[1] for p in pts]
 
 
-def xi_at(profile: dict, density: float) -> float | None:
-    """xi at ``density``, interpolated in log density (clamped at the ends)."""
-    xs, ys = xi_curve(profile)
+def xi_at(profile: dict, density: float, field: str | None = None) -> float | None:
+    """xi (or ``field``, see :func:`xi_curve`) at ``density``, interpolated in
+    log density (clamped at the ends)."""
+    xs, ys = xi_curve(profile, field)
     if not xs:
         return None
     q = math.log10(density)
@@ -81,6 +90,7 @@ def xi_at_reference(profile: dict) -> float:
 
 def tune(profile: dict, n: int, P: int, *, algorithm: str = "oktopk",
          density_min: float = REFERENCE_DENSITY, xi_max: float | None = None,
+         capture_min: float | None = None,
          tau_prime_max: int = 64, density_max: float = MAX_DENSITY, trials: int = 60,
          storage: str | None = None, study_name: str | None = None, seed: int = 0,
          measure=None, selector: Selector | None = None) -> TuneResult:
@@ -93,6 +103,8 @@ def tune(profile: dict, n: int, P: int, *, algorithm: str = "oktopk",
             floor is the accuracy guard (default 1%, see the module docstring).
         xi_max: largest tolerated xi (Assumption 1 gap relative to the gradient
             norm), or None for no xi guard (default); see :func:`xi_at_reference`.
+        capture_min: least share of the averaged gradient's norm in its top-k
+            entries (profile field ``xi.captured_norm``), or None (default).
         tau_prime_max: largest tolerated threshold-refresh interval.
         storage: a file path for optuna's JournalStorage (resumable); None = in memory.
         measure: optional ``measure(density, tau_prime, tau) -> seconds`` to
@@ -103,6 +115,12 @@ def tune(profile: dict, n: int, P: int, *, algorithm: str = "oktopk",
     if not 0 < density_min <= density_max <= 1:
         raise ValueError(f"need 0 < density_min <= density_max <= 1, got "
                          f"{density_min!r}, {density_max!r}")
+    if capture_min is not None:
+        if not 0 < capture_min <= 1:
+            raise ValueError(f"capture_min must be in (0, 1], got {capture_min!r}")
+        if not xi_curve(profile, "captured_norm")[0]:
+            raise ValueError("capture_min needs the profile's xi.captured_norm, which profiles "
+                             "made before 2026-11-27 lack: re-run `autotune profile`")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     if xi_max is None:
         xi_max = float("inf")
@@ -111,7 +129,9 @@ def tune(profile: dict, n: int, P: int, *, algorithm: str = "oktopk",
 
     def violation(d, tp):
         xi = xi_at(profile, d) if has_xi and math.isfinite(xi_max) else None
-        return [0.0 if xi is None else xi - xi_max, float(tp - tau_prime_max)]
+        cap = xi_at(profile, d, "captured_norm") if capture_min is not None else None
+        return [0.0 if xi is None else xi - xi_max, float(tp - tau_prime_max),
+                0.0 if cap is None else capture_min - cap]
 
     def objective(trial):
         d = trial.suggest_float("density", density_min, density_max, log=True)
@@ -122,6 +142,7 @@ def tune(profile: dict, n: int, P: int, *, algorithm: str = "oktopk",
         if hasattr(trial, "set_constraint"):  # optuna >= 5
             trial.set_constraint("xi", cons[0])
             trial.set_constraint("tau_prime", cons[1])
+            trial.set_constraint("captured_norm", cons[2])
         if measure is not None:
             return float(measure(d, tp, tau))
         from . import costmodel
@@ -145,7 +166,8 @@ def tune(profile: dict, n: int, P: int, *, algorithm: str = "oktopk",
         store = JournalStorage(JournalFileBackend(storage))
     else:
         store = None
-    name = study_name or f"{algorithm}-n{n}-P{P}-d{density_min:g}-{density_max:g}-xi{xi_max:g}"
+    name = study_name or (f"{algorithm}-n{n}-P{P}-d{density_min:g}-{density_max:g}-xi{xi_max:g}"
+                          + ("" if capture_min is None else f"-cap{capture_min:g}"))
     study = optuna.create_study(study_name=name, storage=store, sampler=sampler,
                                 direction="minimize", load_if_exists=True)
     done = len([t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE])

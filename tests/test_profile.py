@@ -75,6 +75,8 @@ def test_profile_under_mpi_has_every_part(measured):
     assert d["xi"]["source"] == "training" and d["xi"]["median"] is not None
     assert 0 <= d["xi"]["median"] < 2
     assert d["xi"]["relative_to_accumulator"]["median"] is not None
+    cap = sorted((float(k), v) for k, v in d["xi"]["captured_norm"]["by_density"].items())
+    assert [v for _, v in cap] == sorted(v for _, v in cap) and 0 < cap[0][1] <= cap[-1][1] <= 1
     assert d["fingerprint"]["backend"] == "mpi" and d["settings"]["backend"] == "mpi"
     for name, rec in d["primitives"].items():  # regime segments cover every size
         segs = rec["segments"]
@@ -496,6 +498,26 @@ def test_xi_follows_the_paper_definition():
         gap / np.linalg.norm((0.1 * grads).mean(axis=0, dtype=np.float64)), rel=1e-5)
     rec = track.record("test")
     assert rec["relative_to_accumulator"]["median"] == pytest.approx(track.values_acc[0.05][0])
+
+
+def test_captured_norm_is_exact_and_rises_with_density():
+    """xi.captured_norm: ||Topk(mean G)|| / ||mean G|| per measured step, which (unlike
+    xi) cannot fall when the density rises, so the tuner can guard with it."""
+    rng = np.random.default_rng()
+    dens = [0.001, 0.01, 0.05, 0.2]
+    track = profiler._XiTracker(dens)
+    steps = [rng.standard_t(2.5, (3, 2000)).astype(np.float32) for _ in range(4)]
+    for g in steps:
+        track.step(g, 0.1, measure=True)
+    m = steps[-1].mean(axis=0, dtype=np.float64)
+    k = 100  # density 0.05 of 2000
+    top = np.sort(np.abs(m))[-k:]
+    assert track.captured[0.05][-1] == pytest.approx(np.linalg.norm(top) / np.linalg.norm(m))
+    for i in range(len(steps)):
+        per_step = [track.captured[d][i] for d in dens]
+        assert per_step == sorted(per_step) and 0 < per_step[0] and per_step[-1] < 1
+    by = track.record("test")["captured_norm"]["by_density"]
+    assert [by[str(d)] for d in dens] == sorted(by[str(d)] for d in dens)
 
 
 # -- the NCCL backend (GPU machines only) -------------------------------------------------

@@ -4,6 +4,7 @@ import sys
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from autotune import costmodel
@@ -144,6 +145,27 @@ def test_tuner_default_guard_is_the_density_floor():
                           str(PROFILES / "cpu_tcp1gbit_p8.json"), "--n", "16777216", "--P", "8",
                           "--trials", "10"], capture_output=True, text=True, check=True).stdout
     assert "guard density >= 0.01" in out
+
+
+def test_tuner_capture_guard_sets_a_floor_from_the_gradients():
+    pytest.importorskip("optuna")
+    import copy
+
+    from autotune.tuner import tune, xi_at
+
+    prof = copy.deepcopy(Profile.load(PROFILES / "cpu_tcp1gbit_p8.json").data)
+    with pytest.raises(ValueError, match="captured_norm"):
+        tune(prof, 1 << 24, 8, capture_min=0.5, trials=2)
+    # a gradient whose top 0.1% carry 30% of its norm, top 1% 60%, top 5% 80%, 10% 90%
+    prof["xi"]["captured_norm"] = {"by_density": {"0.001": 0.3, "0.01": 0.6, "0.05": 0.8,
+                                                  "0.1": 0.9}}
+    floor = 0.002 + 0.003 * np.random.default_rng().random()   # between 0.1% and 1%
+    need = xi_at(prof, floor, "captured_norm")
+    r = tune(prof, 1 << 24, 8, density_min=1e-4, capture_min=need, trials=25)
+    assert r.feasible and r.density >= floor * (1 - 1e-6)
+    assert r.density < 0.01  # sparser than the 1% default floor: cheaper, and allowed here
+    with pytest.raises(ValueError, match="capture_min"):
+        tune(prof, 1 << 24, 8, capture_min=1.5, trials=2)
 
 
 @pytest.mark.mpi
