@@ -38,8 +38,10 @@ def sweep(comm, sizes, algorithms, density: float, repeat: int, warmup: int, see
     it before the next.  ``"auto"`` (default): interleaved for host data,
     sequential on GPUs, where interleaving made TopkA 1.6-2x slower at 2^22-2^24
     than the profiler's sequential runs of the same code on the same kind of H200
-    host (cause not isolated; a training job calls one algorithm, as a
-    sequential sweep does): docs/BENCHMARKS.md, "Side by side".
+    host: not the alternation (TopkA interleaved with NCCL alone kept its time)
+    but the other algorithms' calls in between (cause not isolated further; a
+    training job calls one algorithm, as a sequential sweep does):
+    docs/BENCHMARKS.md, "Side by side".
     """
     if order not in ("auto", "sequential", "interleaved"):
         raise ValueError(f"order must be 'auto', 'sequential' or 'interleaved', got {order!r}")
