@@ -127,28 +127,24 @@ def compute_lines(prof: Profile) -> list[str]:
     return lines
 
 
+def _by_density(by: dict) -> str:
+    return ", ".join(f"{d}: {v:.4f}" if v is not None else f"{d}: n/a"
+                     for d, v in sorted(by.items(), key=lambda kv: float(kv[0])))
+
+
 def xi_lines(prof: Profile) -> list[str]:
     xi = prof.data["xi"]
     med = xi.get("median")
     head = f"xi (Assumption 1 gap, source: {xi['source']}): median " + (
         f"{med:.4f}" if med is not None else "n/a")
-    parts = [f"{d}: {v:.4f}" if v is not None else f"{d}: n/a"
-             for d, v in sorted(xi["by_density"].items(), key=lambda kv: float(kv[0]))]
     lines = [head + " (the paper's definition: gap / ||lr * averaged gradient||)"]
-    if parts:
-        lines.append("  by density: " + ", ".join(parts))
-    acc = xi.get("relative_to_accumulator")
-    if acc and acc.get("by_density"):
-        lines.append("  gap / ||averaged accumulator|| (residuals included; not the paper's xi): "
-                     + ", ".join(f"{d}: {v:.4f}" if v is not None else f"{d}: n/a"
-                                 for d, v in sorted(acc["by_density"].items(),
-                                                    key=lambda kv: float(kv[0]))))
-    cap = xi.get("captured_norm")
-    if cap and cap.get("by_density"):
-        lines.append("  share of the gradient's norm in its top-k (tune --capture-min): "
-                     + ", ".join(f"{d}: {v:.4f}" if v is not None else f"{d}: n/a"
-                                 for d, v in sorted(cap["by_density"].items(),
-                                                    key=lambda kv: float(kv[0]))))
+    for label, rec in (("by density", xi),
+                       ("gap / ||averaged accumulator|| (residuals included; not the paper's xi)",
+                        xi.get("relative_to_accumulator")),
+                       ("share of the gradient's norm in its top-k (tune --capture-min)",
+                        xi.get("captured_norm"))):
+        if rec and rec.get("by_density"):
+            lines.append(f"  {label}: " + _by_density(rec["by_density"]))
     if xi.get("model"):
         lines.append(f"  from: {xi['model']}, {xi.get('steps')} steps, train accuracy "
                      f"{xi.get('train_accuracy', float('nan')):.3f}")
