@@ -43,10 +43,7 @@ def sweep(comm, sizes, algorithms, density: float, repeat: int, warmup: int, see
     training job calls one algorithm, as a sequential sweep does):
     docs/BENCHMARKS.md, "Side by side".
     """
-    if order not in ("auto", "sequential", "interleaved"):
-        raise ValueError(f"order must be 'auto', 'sequential' or 'interleaved', got {order!r}")
-    if order == "auto":
-        order = "sequential" if device == "gpu" else "interleaved"
+    order = resolve_order(order, device)
     rows = []
     rng = np.random.default_rng([seed, comm.rank])
     sync = None
@@ -94,6 +91,16 @@ def sweep(comm, sizes, algorithms, density: float, repeat: int, warmup: int, see
                 r["baseline"] = baseline
         rows += size_rows
     return rows
+
+
+def resolve_order(order: str, device: str) -> str:
+    """``order`` as ``sweep`` runs it: ``"auto"`` is interleaved on host data,
+    sequential on GPUs (see ``sweep``)."""
+    if order not in ("auto", "sequential", "interleaved"):
+        raise ValueError(f"order must be 'auto', 'sequential' or 'interleaved', got {order!r}")
+    if order == "auto":
+        return "sequential" if device == "gpu" else "interleaved"
+    return order
 
 
 def _row(comm, n, name, density, times, timed) -> dict:
@@ -168,8 +175,7 @@ def _meta(comm, args, device: str) -> dict:
         "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "host_cores": os.cpu_count(), "machine": platform.machine(), "P": comm.size,
         "autotune": autotune.__version__, "numpy": np.__version__, "device": device,
-        "order": (args.order if args.order != "auto" else
-                  "sequential" if device == "gpu" else "interleaved"),
+        "order": resolve_order(args.order, device),
         "options": {k: getattr(args, k) for k in
                     ("log2n", "density", "algorithms", "repeat", "warmup", "backend", "order")},
     }

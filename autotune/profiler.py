@@ -880,12 +880,12 @@ class _XiTracker:
         """``grads``: (P, n) per-rank gradients of one step."""
         P, n = grads.shape
         mean = grads.mean(axis=0, dtype=np.float64)
-        denom = float(np.linalg.norm(lr * mean))
+        mean_norm = float(np.linalg.norm(mean))
+        denom = abs(lr) * mean_norm
         for d in self.densities:
             k = kernels.k_from_density(n, d)
             if measure and denom > 0:
-                self.captured[d].append(
-                    float(np.linalg.norm(_topk_dense(mean, k))) / float(np.linalg.norm(mean)))
+                self.captured[d].append(float(np.linalg.norm(_topk_dense(mean, k))) / mean_norm)
             res = self.res.get(d)
             if res is None or res.shape != grads.shape:
                 res = np.zeros_like(grads)
