@@ -11,9 +11,11 @@ a stream synchronize so the split is honest (this removes any overlap).
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
+import time
 
 import numpy as np
 
@@ -24,7 +26,8 @@ from .dispatch import parse_spec
 
 
 def sweep(comm, sizes, algorithms, density: float, repeat: int, warmup: int, seed: int = 0,
-          progress=None, device: str = "cpu", baseline: str = "mpi", order: str = "auto"):
+          progress=None, device: str = "cpu", baseline: str = "mpi", order: str = "auto",
+          gap_s: float = 0.0):
     """Time every algorithm at every n; one row per (n, algorithm).
 
     ``order="interleaved"`` runs repeat i of every algorithm before repeat i+1 of
@@ -38,12 +41,20 @@ def sweep(comm, sizes, algorithms, density: float, repeat: int, warmup: int, see
     it before the next.  ``"auto"`` (default): interleaved for host data,
     sequential on GPUs, where interleaving made TopkA 1.6-2x slower at 2^22-2^24
     than the profiler's sequential runs of the same code on the same kind of H200
-    host: not the alternation (TopkA interleaved with NCCL alone kept its time)
-    but the other algorithms' calls in between (cause not isolated further; a
-    training job calls one algorithm, as a sequential sweep does):
-    docs/BENCHMARKS.md, "Side by side".
+    host: the other algorithms' calls put a pause of tens of ms before each call,
+    and any such pause slows the next call (see ``gap_s``; TopkA interleaved with
+    NCCL alone kept its time): docs/BENCHMARKS.md, "Side by side" and "Calls
+    after a gap".
+
+    ``gap_s`` > 0 pauses that long (host sleep, untimed) before every timed
+    call, as a training step calls its allreduce after its forward and
+    backward pass rather than back to back.  On an H200 host any gap of 20-50
+    ms (sleep, host spin, or GPU work) made the next call slower: ncclAllReduce
+    at 2^24 0.34 -> 0.75-0.83 ms, TopkA 0.89 -> 1.8-1.9 ms
+    (docs/BENCHMARKS.md, "Calls after a gap").
     """
     order = resolve_order(order, device)
+    between = functools.partial(time.sleep, gap_s) if gap_s > 0 else None
     rows = []
     rng = np.random.default_rng([seed, comm.rank])
     sync = None
@@ -70,13 +81,14 @@ def sweep(comm, sizes, algorithms, density: float, repeat: int, warmup: int, see
             splits.append(mine)
         if order == "interleaved":
             all_times = timeit_interleaved(calls, comm=comm, warmup=warmup, repeat=repeat,
-                                           sync=sync)
+                                           sync=sync, between=between)
         else:
             all_times = None
         size_rows = []
         for i, name in enumerate(algorithms):
             if all_times is None:
-                times = timeit(calls[i], comm=comm, warmup=warmup, repeat=repeat, sync=sync)
+                times = timeit(calls[i], comm=comm, warmup=warmup, repeat=repeat, sync=sync,
+                               between=between)
                 calls[i] = None         # free this algorithm's state before the next
             else:
                 times = all_times[i]
@@ -155,7 +167,7 @@ def main(args) -> int:
 
     device = "gpu" if args.backend == "nccl" or args.device == "gpu" else "cpu"
     rows = sweep(comm, sizes, algos, args.density, args.repeat, args.warmup, progress=progress,
-                 device=device, baseline=base, order=args.order)
+                 device=device, baseline=base, order=args.order, gap_s=args.gap_ms / 1e3)
     if comm.rank == 0:
         print(format_table(rows))
         if args.out:
@@ -177,5 +189,6 @@ def _meta(comm, args, device: str) -> dict:
         "autotune": autotune.__version__, "numpy": np.__version__, "device": device,
         "order": resolve_order(args.order, device),
         "options": {k: getattr(args, k) for k in
-                    ("log2n", "density", "algorithms", "repeat", "warmup", "backend", "order")},
+                    ("log2n", "density", "algorithms", "repeat", "warmup", "backend", "order",
+                     "gap_ms")},
     }

@@ -52,6 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "ratios are measured side by side; sequential: each algorithm's repeats "
                         "in turn (less memory); auto (default): interleaved on host data, "
                         "sequential on GPUs")
+    b.add_argument("--gap-ms", type=float, default=0.0,
+                   help="pause this long before every timed call (untimed), as a training step "
+                        "calls its allreduce after a forward and backward pass; default 0: back "
+                        "to back")
     b.add_argument("--backend", choices=["mpi", "nccl"], default="mpi",
                    help="communicator: MPI, or NCCL between GPUs (data on the GPU)")
     b.add_argument("--device", choices=["cpu", "gpu"], default="cpu",

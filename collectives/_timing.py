@@ -18,13 +18,14 @@ import numpy as np
 
 
 def timeit_interleaved(fns, *, comm=None, warmup: int = 2, repeat: int = 10,
-                       sync=None) -> np.ndarray:
+                       sync=None, between=None) -> np.ndarray:
     """Time each of ``fns`` ``repeat`` times, interleaved; returns seconds of
     shape (len(fns), repeat), the slowest rank's (identical on every rank).
 
     Warm-up: ``warmup`` untimed rounds over all of ``fns``.  Timed round i
     calls ``fns[(i + j) % m]`` for j = 0..m-1, each after a barrier, so no
-    callable always follows the same one.  ``comm`` and ``sync`` as ``timeit``.
+    callable always follows the same one.  ``comm``, ``sync`` and ``between``
+    as ``timeit``.
     """
     fns = list(fns)
     m = len(fns)
@@ -37,6 +38,8 @@ def timeit_interleaved(fns, *, comm=None, warmup: int = 2, repeat: int = 10,
     for i in range(repeat):
         for j in range(m):
             a = (i + j) % m
+            if between is not None:
+                between()
             if comm is not None:
                 comm.barrier()
             t0 = time.perf_counter()
@@ -49,7 +52,8 @@ def timeit_interleaved(fns, *, comm=None, warmup: int = 2, repeat: int = 10,
     return out
 
 
-def timeit(fn, *, comm=None, warmup: int = 2, repeat: int = 10, sync=None) -> np.ndarray:
+def timeit(fn, *, comm=None, warmup: int = 2, repeat: int = 10, sync=None,
+           between=None) -> np.ndarray:
     """Time ``fn()``; returns the per-repeat seconds (max over ranks), raw.
 
     Args:
@@ -60,5 +64,9 @@ def timeit(fn, *, comm=None, warmup: int = 2, repeat: int = 10, sync=None) -> np
         repeat: timed calls.
         sync: called after ``fn`` inside the timed region (e.g. a CUDA stream
             synchronize) so asynchronous work is counted.
+        between: called before each timed call, outside the timed region (e.g.
+            a pause: a training step calls its allreduce after a forward and
+            backward pass, not back to back; see ``autotune bench --gap-ms``).
     """
-    return timeit_interleaved([fn], comm=comm, warmup=warmup, repeat=repeat, sync=sync)[0]
+    return timeit_interleaved([fn], comm=comm, warmup=warmup, repeat=repeat, sync=sync,
+                              between=between)[0]

@@ -1,5 +1,6 @@
 """The shared timing primitive and the side-by-side (interleaved) sweeps built on it."""
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +27,16 @@ def test_timeit_is_the_one_callable_case():
     calls = []
     t = timeit(lambda: calls.append(1), warmup=2, repeat=5)
     assert t.shape == (5,) and len(calls) == 7
+
+
+def test_between_runs_untimed_before_every_timed_call():
+    calls = []
+    pause = 0.05
+    t = timeit_interleaved([lambda: calls.append("a"), lambda: calls.append("b")], warmup=1,
+                           repeat=2, between=lambda: (calls.append("-"), time.sleep(pause)))
+    # warm-up rounds run back to back; each timed call follows one pause
+    assert "".join(calls) == "ab" + "-a-b" + "-b-a"
+    assert (t < pause).all()   # the pause is outside the timed region
 
 
 def test_sweep_orders_agree_on_everything_but_time():
@@ -63,7 +74,7 @@ def test_bench_cli_stores_rows_with_their_settings(tmp_path):
 
     out = tmp_path / "sweep.json"
     subprocess.run([sys.executable, "-m", "autotune.cli", "bench", "--log2n", "10:11", "--repeat", "2",
-                    "--warmup", "0", "--algorithms", "dense,topka", "--out", str(out)],
+                    "--warmup", "0", "--algorithms", "dense,topka", "--gap-ms", "1", "--out", str(out)],
                    check=True, capture_output=True, cwd=ROOT)
     res = json.loads(out.read_text())
     assert {r["algorithm"] for r in res["rows"]} == {"mpi", "dense", "topka"}
@@ -71,3 +82,4 @@ def test_bench_cli_stores_rows_with_their_settings(tmp_path):
     assert meta["P"] == 1 and meta["device"] == "cpu" and meta["options"]["order"] == "auto"
     assert meta["order"] == "interleaved"           # auto: side by side on host data
     assert meta["options"]["repeat"] == 2 and meta["date_utc"].endswith("+00:00")
+    assert meta["options"]["gap_ms"] == 1.0
