@@ -70,6 +70,16 @@ The kernels, and why they look the way they do:
     compacted in index order by the select kernel, and passes 2 and 3 and
     the final select run on those candidates only.  Two full reads of x.
 
+``tk_small`` -- exact top-k of a small array (up to ``TOPK_SMALL_MAX``
+    entries) in one launch of one block and no host read: the same 31-bit
+    key radix select in four 8-bit digits over shared-memory histograms,
+    then an ordered write of the keys above the k-th and the first ties
+    (two block scans place each thread's contiguous run).  The radix path
+    above costs ~110-190 us whatever the size (ten launches and a host read);
+    this one 24-57 us of GPU time up to 2^14 entries, which is what Ok-Topk's
+    caps (the local, sender, quota and global ones) mostly see at small k
+    (docs/BENCHMARKS.md, "Exact top-k of a small array in one launch").
+
 ``seg_sum_*`` -- segmented sums in NumPy's exact order.
     ``np.add.reduceat`` computes a0 + pairwise(a1..am) (NumPy's pairwise
     summation: plain loop under 8 terms, 8 accumulators up to 128, halving
@@ -852,6 +862,96 @@ tk_find(const u32* __restrict__ hist, const int nbits, const int shift,
     if (lane == 0) st[S_ERR] = 1u;                 // fewer than k keys: a bug
 }
 
+// ---- exact top-k of a small array, one block ---------------------------------
+// One launch and no host read: the radix select of the k-th largest 31-bit key
+// (four 8-bit digits, shared-memory histograms over the whole array each pass),
+// then an ordered write of every key above it and the first `need` keys equal to
+// it.  Each thread owns a contiguous run of positions for the write, so two
+// block scans (ties before the run, entries kept before the run) place every
+// entry; output positions ascend.  out_idx[j] = idx[p] (idx may be null: p).
+#define TKS_THREADS 1024
+
+__device__ __forceinline__ u32 tks_block_excl_scan(const u32 v, u32* sh, u32* total) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const u32 incl = warp_incl_scan(v, lane);
+    if (lane == 31) sh[warp] = incl;
+    __syncthreads();
+    if (warp == 0) {
+        const u32 w = (lane < (int)(blockDim.x >> 5)) ? sh[lane] : 0u;
+        sh[lane] = warp_incl_scan(w, lane);
+    }
+    __syncthreads();
+    const u32 out = incl - v + (warp ? sh[warp - 1] : 0u);
+    *total = sh[(blockDim.x >> 5) - 1];
+    __syncthreads();                               // sh is reused by the next scan
+    return out;
+}
+
+extern "C" __global__ void __launch_bounds__(TKS_THREADS)
+tk_small(const float* __restrict__ val, const int* __restrict__ idx, const int m,
+         const int k, int* __restrict__ out_idx, float* __restrict__ out_val)
+{
+    __shared__ u32 hist[256];
+    __shared__ u32 sh[32];
+    __shared__ u32 s_prefix, s_krem;
+    const int tid = threadIdx.x;
+    const u32* key = reinterpret_cast<const u32*>(val);
+    if (tid == 0) { s_prefix = 0u; s_krem = (u32)k; }
+    for (int pass = 0; pass < 4; ++pass) {
+        const int shift = 24 - 8 * pass;
+        for (int i = tid; i < 256; i += blockDim.x) hist[i] = 0u;
+        __syncthreads();
+        const u32 prefix = s_prefix;
+        for (int i = tid; i < m; i += blockDim.x) {
+            const u32 kk = __ldg(key + i) & KEY_MASK;
+            if (pass == 0 || (kk >> (shift + 8)) == (prefix >> (shift + 8)))
+                atomicAdd(&hist[(kk >> shift) & 255u], 1u);
+        }
+        __syncthreads();
+        if (tid < 32) {                            // one warp: the bin of the k-th key
+            const u32 kr = s_krem;
+            u32 run = 0u;
+            for (int top = 255; top >= 0; top -= 32) {
+                const int bin = top - tid;
+                const u32 h = hist[bin];
+                const u32 incl = run + warp_incl_scan(h, tid);
+                const u32 hit = __ballot_sync(FULL, incl >= kr);
+                if (hit) {
+                    if (tid == __ffs(hit) - 1) {
+                        s_prefix = prefix | ((u32)bin << shift);
+                        s_krem = kr - (incl - h);
+                    }
+                    break;
+                }
+                run = __shfl_sync(FULL, incl, 31);
+            }
+        }
+        __syncthreads();
+    }
+    const u32 T = s_prefix, need = s_krem;         // the k-th key; ties to take
+    const int per = (m + (int)blockDim.x - 1) / (int)blockDim.x;
+    const int lo = min(m, tid * per), hi = min(m, lo + per);
+    u32 above = 0u, ties = 0u, total;
+    for (int i = lo; i < hi; ++i) {
+        const u32 kk = __ldg(key + i) & KEY_MASK;
+        above += kk > T;
+        ties += kk == T;
+    }
+    const u32 tie0 = tks_block_excl_scan(ties, sh, &total);
+    const u32 take = need > tie0 ? min(ties, need - tie0) : 0u;
+    u32 pos = tks_block_excl_scan(above + take, sh, &total);
+    u32 t = tie0;
+    for (int i = lo; i < hi; ++i) {
+        const u32 kk = __ldg(key + i) & KEY_MASK;
+        const bool keep = kk > T || (kk == T && t++ < need);
+        if (keep) {
+            out_idx[pos] = idx ? idx[i] : i;
+            out_val[pos] = val[i];
+            ++pos;
+        }
+    }
+}
+
 // ---- Gaussiank: moments and counts at several thresholds ---------------------
 #define GS_THREADS 256
 
@@ -1039,7 +1139,7 @@ DEFINE_SCATTER(seg_scatter_add_i64, long long)
 VARIANTS = ("4", "8", "s4", "s8", "16", "v8")
 _NAMES = ("sel_ef4", "sel_ef8", "sel_efr4", "sel_efr8", "sel_efs4", "sel_efs8", "sel_efc4",
           *(f"{kind}{v}" for kind in ("sel_thr", "sel_topk", "sel_topkx") for v in VARIANTS),
-          "tk_hist", "tk_find", "gs_partial", "gs_finish", "gs_count1", "gs_count4",
+          "tk_hist", "tk_find", "tk_small", "gs_partial", "gs_finish", "gs_count1", "gs_count4",
           "gs_count16", "seg_sum_f32", "seg_sum_f64",
           "seg_scatter_add_i32", "seg_scatter_add_i64",
           "sel_local8", "sel_stitch8")
@@ -1487,6 +1587,18 @@ def kth_magnitude(x, k: int) -> float:
     return key_to_float(kth_key(x, k))
 
 
+#: up to this many entries, exact top-k runs in one launch of one block
+#: (``tk_small``) instead of the radix select's histogram passes and host read
+TOPK_SMALL_MAX = int(os.environ.get("AUTOTUNE_TOPK_SMALL_MAX", 1 << 14))
+
+
+def _topk_small(x, k: int, idx=None):
+    out_idx, out_val = _empty(k, np.int32), _empty(k, np.float32)
+    _funcs()["tk_small"]((1,), (1024,), (x, idx if idx is not None else _NULL, np.int32(x.size),
+                                         np.int32(k), out_idx, out_val))
+    return out_idx, out_val
+
+
 @_on_input_device
 def topk_select(x, k: int):
     """Exact top-k by magnitude, ties to the lowest indices: (idx sorted, values).
@@ -1494,12 +1606,27 @@ def topk_select(x, k: int):
     Radix select of the k-th key (two full reads of x, one host read of
     three words), then one ordered select over the candidates that takes
     every key above it and the first ``need`` equal to it.  Output size k.
+    Up to ``TOPK_SMALL_MAX`` entries: one launch of ``tk_small`` instead.
     """
+    if x.size <= TOPK_SMALL_MAX:
+        return _topk_small(x, k)
     _, st, src, m, gather = _radix(x, k)
     out_idx, out_val = _empty(k, np.int32), _empty(k, np.float32)
     _select(_sel_name("sel_topk" if gather is not None else "sel_topkx"), src, None, gather, m,
             0, 0, 0, st + 16, k, out_idx, out_val, read_total=False)
     return out_idx, out_val
+
+
+@_on_input_device
+def cap_select(idx, vals, k: int):
+    """The ``k`` largest-magnitude entries of the COO set (int32 ``idx``,
+    float32 ``vals``, k < size), ties to the lowest positions, order kept:
+    ``(idx[keep], vals[keep])`` with ``keep = topk_select(vals, k)[0]``, the
+    gather fused into the select when the set is small."""
+    if vals.size <= TOPK_SMALL_MAX:
+        return _topk_small(vals, k, idx)
+    keep = topk_select(vals, k)[0]
+    return idx[keep], vals[keep]
 
 
 # --------------------------------------------------------------------------

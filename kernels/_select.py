@@ -211,6 +211,10 @@ def cap_selection(idx, vals, k: int):
     """
     if idx.size <= k:
         return idx, vals
+    if k > 0 and idx.dtype == np.int32 and idx.flags.c_contiguous:
+        cu = fast_float32(vals)
+        if cu is not None:
+            return cu.cap_select(idx, cu.prepare(vals), k)
     keep = topk_indices(vals, k)
     return idx[keep], vals[keep]
 

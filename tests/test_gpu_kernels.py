@@ -170,6 +170,27 @@ def test_topk_matches_numpy(cp, path, dist, n, monkeypatch):
         assert kernels.kth_magnitude(xg, k) == kernels.kth_magnitude(x, k), (dist, n, k, SEED)
 
 
+@pytest.mark.parametrize("small_max", [0, 1 << 14, 1 << 17])
+@pytest.mark.parametrize("dist", DISTS)
+def test_topk_one_block_and_radix_paths_match_numpy(cp, dist, small_max, monkeypatch):
+    """small_max 0: every size through the radix select; 2^14 (the default) and
+    2^17: the one-block kernel up to there, also for top-k of a COO set
+    (cap_selection, whose gather it fuses)."""
+    from kernels import _cuda
+
+    monkeypatch.setattr(_cuda, "TOPK_SMALL_MAX", small_max)
+    for n in (1, 2, 33, 1000, 4097, 12289, 1 << 14, (1 << 14) + 1, 65537, 1 << 17):
+        rng = rng_for("tks", dist, n)
+        x = data(dist, n, rng)
+        xg = cp.asarray(x)
+        idx = np.sort(rng.choice(1 << 30, size=n, replace=False)).astype(np.int32)
+        for k in ks_for(n):
+            what = f"{dist} n={n} k={k} small_max={small_max}"
+            assert_same(kernels.topk_select(xg, k), kernels.topk_select(x, k), "topk " + what)
+            assert_same(kernels.cap_selection(cp.asarray(idx), xg, k),
+                        kernels.cap_selection(idx, x, k), "cap " + what)
+
+
 #: the EF kernels of the same tile shape (16 and v8 have none of their own)
 EF_OF_VARIANT = {"4": ("sel_ef4", "sel_efr4"), "8": ("sel_ef8", "sel_efr8"),
                  "s4": ("sel_efs4",), "s8": ("sel_efs8",), "16": (), "v8": ()}
