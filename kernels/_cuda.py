@@ -1511,6 +1511,14 @@ def threshold_select_ef(residual, x, threshold, *, cap: int | None = None):
 # Exact top-k: radix select on the magnitude bits
 # --------------------------------------------------------------------------
 
+#: up to this many entries the radix select reads x three times instead of
+#: reading the candidate count back to the host (no synchronisation)
+RADIX_NOREAD_MAX = int(os.environ.get("AUTOTUNE_RADIX_NOREAD_MAX", 1 << 18))
+#: up to this many entries, exact top-k runs in one launch of one block
+#: (``tk_small``) instead of the radix select's histogram passes and host read
+TOPK_SMALL_MAX = int(os.environ.get("AUTOTUNE_TOPK_SMALL_MAX", 1 << 14))
+
+
 def _hist(src, m, st, hist, shift, nbits, copies):
     """Launch tk_hist over m keys of src; st and hist are device pointers (int)."""
     grid = max(1, min((m // 4 + 2 * HIST_THREADS - 1) // (2 * HIST_THREADS), 4 * _sm_count()))
@@ -1542,7 +1550,8 @@ def _radix(x, k):
        kernel (full read; m is about k plus one bin: a few percent of n).
     3. Histograms of bits 19..10 and 9..0 over the m candidates only.
     When the candidates are most of x (heavy ties), step 2 is skipped and
-    step 3 reads x.  Returns (ws, st, src, m, gather): the workspace, the
+    step 3 reads x; so it is for x of up to ``RADIX_NOREAD_MAX`` entries,
+    without the host read (three reads of a small x cost less than the wait).  Returns (ws, st, src, m, gather): the workspace, the
     device address of the state (its words 4..6 are the select parameters),
     the array the final select reads, its length and its original indices
     (None when src is x).
@@ -1555,6 +1564,12 @@ def _radix(x, k):
     cp.cuda.runtime.memsetAsync(base, 0, 4 * _RADIX_WORDS, stream.ptr)
     _hist(x, n, st, base + 4 * _H1, 20, 11, 4)
     _find(base + 4 * _H1, 11, 20, st, k, 1)
+    if n <= RADIX_NOREAD_MAX:   # small: read x again rather than wait for the host
+        _hist(x, n, st, base + 4 * _H2, 10, 10, 1)
+        _find(base + 4 * _H2, 10, 10, st, 0, 2)
+        _hist(x, n, st, base + 4 * _H3, 0, 10, 1)
+        _find(base + 4 * _H3, 10, 0, st, 0, 3)
+        return ws, st, x, n, None
     w = _read_back(ws, st, 16, stream).view(np.uint32)
     prefix1, krem, h = int(w[0]), int(w[1]), int(w[2])
     m = (k - krem) + h
@@ -1585,11 +1600,6 @@ def kth_key(x, k: int) -> int:
 @_on_input_device
 def kth_magnitude(x, k: int) -> float:
     return key_to_float(kth_key(x, k))
-
-
-#: up to this many entries, exact top-k runs in one launch of one block
-#: (``tk_small``) instead of the radix select's histogram passes and host read
-TOPK_SMALL_MAX = int(os.environ.get("AUTOTUNE_TOPK_SMALL_MAX", 1 << 14))
 
 
 def _topk_small(x, k: int, idx=None):

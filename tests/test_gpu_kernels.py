@@ -170,22 +170,27 @@ def test_topk_matches_numpy(cp, path, dist, n, monkeypatch):
         assert kernels.kth_magnitude(xg, k) == kernels.kth_magnitude(x, k), (dist, n, k, SEED)
 
 
-@pytest.mark.parametrize("small_max", [0, 1 << 14, 1 << 17])
+@pytest.mark.parametrize("small_max,noread_max", [(0, 0), (0, 1 << 18), (1 << 14, 1 << 18),
+                                                 (1 << 17, 0)])
 @pytest.mark.parametrize("dist", DISTS)
-def test_topk_one_block_and_radix_paths_match_numpy(cp, dist, small_max, monkeypatch):
+def test_topk_one_block_and_radix_paths_match_numpy(cp, dist, small_max, noread_max,
+                                                    monkeypatch):
     """small_max 0: every size through the radix select; 2^14 (the default) and
     2^17: the one-block kernel up to there, also for top-k of a COO set
-    (cap_selection, whose gather it fuses)."""
+    (cap_selection, whose gather it fuses).  noread_max: up to there the radix
+    select reads x thrice instead of reading its candidate count back (0: never)."""
     from kernels import _cuda
 
     monkeypatch.setattr(_cuda, "TOPK_SMALL_MAX", small_max)
-    for n in (1, 2, 33, 1000, 4097, 12289, 1 << 14, (1 << 14) + 1, 65537, 1 << 17):
+    monkeypatch.setattr(_cuda, "RADIX_NOREAD_MAX", noread_max)
+    for n in (1, 2, 33, 1000, 4097, 12289, 1 << 14, (1 << 14) + 1, 65537, 1 << 17,
+              (1 << 18) + 1):
         rng = rng_for("tks", dist, n)
         x = data(dist, n, rng)
         xg = cp.asarray(x)
         idx = np.sort(rng.choice(1 << 30, size=n, replace=False)).astype(np.int32)
         for k in ks_for(n):
-            what = f"{dist} n={n} k={k} small_max={small_max}"
+            what = f"{dist} n={n} k={k} small_max={small_max} noread_max={noread_max}"
             assert_same(kernels.topk_select(xg, k), kernels.topk_select(x, k), "topk " + what)
             assert_same(kernels.cap_selection(cp.asarray(idx), xg, k),
                         kernels.cap_selection(idx, x, k), "cap " + what)

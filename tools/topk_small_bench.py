@@ -1,5 +1,6 @@
-"""Exact top-k on one GPU: the one-block kernel (tk_small) against the radix
-select, by size m and k = m/4, 4m/5, for ``topk_select`` and for
+"""Exact top-k on one GPU: the radix select with its host read of the candidate
+count, the same without it (x read three times), and the one-block kernel
+(tk_small), by size m and k = m/4, 4m/5, for ``topk_select`` and for
 ``cap_selection`` (top-k of a COO set, gather included).  Host and GPU time
 per call (cupyx.profiler.benchmark, medians of 200).
 
@@ -13,16 +14,16 @@ import kernels
 from kernels import _cuda
 
 rng = np.random.default_rng(0)
-print("m | k | radix cpu/gpu us | one-block | cap radix | cap one-block")
-for e in range(8, 18):
+print("m | k | radix + host read (cpu/gpu us) | radix, no read | one block | cap: radix + read | no read | one block")
+for e in range(8, 20):
     m = 1 << e
     x = cp.asarray(rng.standard_t(2, m).astype(np.float32))
     idx = cp.asarray(np.sort(rng.choice(1 << 30, m, replace=False)).astype(np.int32))
     for k in (m // 4, (4 * m) // 5):
         row = []
         for fn in (lambda: kernels.topk_select(x, k), lambda: kernels.cap_selection(idx, x, k)):
-            for sm in (0, 1 << 20):
-                _cuda.TOPK_SMALL_MAX = sm
+            for sm, nr in ((0, 0), (0, 1 << 20), (1 << 20, 0)):
+                _cuda.TOPK_SMALL_MAX, _cuda.RADIX_NOREAD_MAX = sm, nr
                 r = benchmark(fn, n_repeat=200, n_warmup=10)
                 row.append(f"{1e6 * np.median(r.cpu_times):.0f}/{1e6 * np.median(r.gpu_times):.0f}")
         print(f"2^{e} | {k} | " + " | ".join(row), flush=True)
