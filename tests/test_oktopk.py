@@ -98,12 +98,33 @@ def test_fit_global_typical_case_keeps_k():
         assert _fit_global(g, S, R, _budgets(P, k)[1], k, P) == k
 
 
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+def test_index_coding_round_trips_and_never_grows(dtype):
+    from collectives._oktopk import _decode_indices, _encode_indices
+
+    rng = np.random.default_rng()
+    for _ in range(300):
+        n = int(rng.choice([2, 100, 1 << 16, 1 << 20, (1 << 31) - 1]))
+        m = int(rng.integers(0, min(n, 5000) + 1))
+        idx = np.unique(rng.integers(0, n, m)).astype(dtype)
+        if rng.random() < 0.3:          # clustered: small gaps, with a few huge ones
+            idx = np.unique(np.concatenate([idx[:3], rng.integers(0, 50, m) + n // 2]))
+            idx = idx[idx < n].astype(dtype)
+        enc = _encode_indices(idx)
+        assert enc.dtype == np.uint8 and enc.size <= idx.nbytes
+        got = _decode_indices(enc.copy(), idx.size, dtype)
+        assert got.dtype == dtype and np.array_equal(got, idx)
+    dense = np.arange(1000, 5000, 3, dtype=dtype)       # gaps of 3: about half the bytes
+    assert _encode_indices(dense).size < 0.6 * dense.nbytes
+
+
 def test_traffic_bounds_formulas():
     for P, k in itertools.product((2, 3, 4, 8, 16), (10, 655, 10486)):
         n = 100 * k
         b = OkTopk.traffic_bound(n, P, k, 4)
         words = 6 * k * (P - 1) / P
-        control = 56 * (P - 1) + 8 * -(-256 * (P - 1) // P)
+        # counts, boundaries, the coded index lengths, the radix search
+        control = 72 * (P - 1) + 8 * -(-256 * (P - 1) // P)
         assert b <= 4 * words + control
         assert b >= 4 * 2 * k * (P - 1) / P       # never below what one allgather needs
     assert OkTopk.traffic_bound(10, 1, 1) == 0 and TopKA2A.traffic_bound(10, 1, 1) == 0
