@@ -353,10 +353,38 @@ def case_adaptive(rng):
           "adaptive: global threshold or its control state differ across ranks")
 
 
+def case_coded(rng):
+    """code_indices (delta-coded host indices) changes bytes only: outputs and
+    residuals bitwise equal to raw indices' on the same data, under both
+    residual rules, with fewer payload bytes from every rank; clustered data
+    (small gaps) and widely spread data (escapes, raw fallback) alike."""
+    comm = MPICommunicator(WORLD)
+    n = 1 << 15
+    for rule in ("contributor", "owner"):
+        coded = OkTopk(comm, residuals=rule, tau=4, tau_prime=3)
+        raw = OkTopk(comm, residuals=rule, tau=4, tau_prime=3, code_indices=False)
+        fewer = True
+        for it in range(24):
+            x = rng.standard_t(2, n).astype(np.float32)
+            if it % 3 == 0:                      # spread: few entries far apart
+                x *= 1e-3
+                x[rng.choice(n, 8, replace=False)] = 100.0
+            density = 0.01 if it % 2 else 0.002
+            a = coded(x, name="t", density=density)
+            b = raw(x, name="t", density=density)
+            check(np.array_equal(a.view(np.uint32), b.view(np.uint32)),
+                  f"coded ({rule}): output differs from raw indices' at call {it}")
+            fewer &= all(c <= r for c, r in zip(payload(coded.last_traffic),
+                                                payload(raw.last_traffic)))
+        check(np.array_equal(coded.state("t").residual, raw.state("t").residual),
+              f"coded ({rule}): residual differs from raw indices'")
+        check(fewer, f"coded ({rule}): a call moved more payload than with raw indices")
+
+
 CASES = {"global-kth": case_global_kth, "boundaries": case_boundaries, "exact": case_exact, "reduce-cap": case_reduce_cap,
          "refresh": case_refresh,
          "hot": case_hot, "stale": case_stale, "budget": case_budget,
-         "residuals": case_residuals, "adaptive": case_adaptive}
+         "residuals": case_residuals, "adaptive": case_adaptive, "coded": case_coded}
 
 
 def main(argv=None) -> int:
