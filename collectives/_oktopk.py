@@ -142,39 +142,73 @@ def _budgets(P: int, k: int, reduce_cap: float = _REDUCE_CAP) -> tuple[int, int]
     return Q, B
 
 
+_CODE_RAW, _CODE_U16, _CODE_U8 = 0, 1, 2
+
+
+def _gap_layers(gaps, widths):
+    """Split gaps into escape layers: layer j holds, for every gap that
+    escaped layers 0..j-1, the gap itself if it fits ``widths[j]`` (unsigned,
+    its maximum kept as the escape 0: no gap is 0) else 0; the last layer
+    holds the rest whole.  Returns the list of layer arrays."""
+    layers, rest = [], gaps
+    for w in widths:
+        fits = rest < np.iinfo(w).max
+        layers.append(np.where(fits, rest, 0).astype(w))
+        rest = rest[~fits]
+    layers.append(rest)
+    return layers
+
+
 def _encode_indices(idx) -> np.ndarray:
     """Bytes of a sorted, duplicate-free host index array, delta-coded when shorter.
 
-    Coded: the gaps to the previous index as uint16 (a gap of 65535 or more
-    written as 0, which no gap is), then the first index and the escaped
-    gaps in the index dtype.  Raw (the index bytes themselves) whenever the
-    coded form would not be shorter, so a message never grows.  The receiver
-    tells the two apart by the length (``_decode_indices``).
+    One format byte, then: raw (the index bytes); u16 (the gaps to the
+    previous index in 2 bytes, 0 escaping to the index dtype); or u8 (gaps in
+    1 byte, 0 escaping to 2 bytes, whose 0 escapes to the index dtype),
+    whichever is shortest for this array.  The first index and the widest
+    escapes follow in the index dtype.  No indices: no bytes.  Gaps are about n/k: u8 suits 1%
+    densities, u16 sparser ones, raw a few indices spread far apart, so a
+    message grows by the format byte at most.
     """
-    m = idx.size
-    raw = idx.view(np.uint8)
-    if m < 2:
+    if idx.size == 0:
+        return np.empty(0, np.uint8)                      # nothing to send, not even a format
+    raw = np.concatenate([np.array([_CODE_RAW], np.uint8), idx.view(np.uint8)])
+    if idx.size < 2:
         return raw
     gaps = np.diff(idx)
-    esc = gaps >= 0xFFFF
-    n_esc = int(np.count_nonzero(esc))
-    if 2 * (m - 1) + idx.itemsize * (1 + n_esc) >= raw.size:
-        return raw
-    g16 = gaps.astype(np.uint16)
-    g16[esc] = 0
-    tail = np.concatenate([idx[:1], gaps[esc]]).astype(idx.dtype, copy=False)
-    return np.concatenate([g16.view(np.uint8), tail.view(np.uint8)])
+    best = raw
+    for code, widths in ((_CODE_U16, (np.uint16,)), (_CODE_U8, (np.uint8, np.uint16))):
+        layers = _gap_layers(gaps, widths)
+        layers[-1] = np.concatenate([idx[:1], layers[-1]]).astype(idx.dtype, copy=False)
+        size = 1 + sum(a.nbytes for a in layers)
+        if size < best.size:
+            best = np.concatenate([np.array([code], np.uint8)] + [a.view(np.uint8) for a in layers])
+    return best
 
 
 def _decode_indices(buf, m: int, dtype) -> np.ndarray:
     """Inverse of ``_encode_indices`` for ``m`` indices of ``dtype``."""
     dtype = np.dtype(dtype)
-    if buf.size == m * dtype.itemsize:
-        return buf.copy().view(dtype)                     # copy: aligned whatever the offset
-    g16 = buf[:2 * (m - 1)].view(np.uint16)
-    tail = buf[2 * (m - 1):].copy().view(dtype)          # copy: aligned whatever the offset
-    gaps = g16.astype(dtype)
-    gaps[g16 == 0] = tail[1:]
+    if m == 0:
+        return np.empty(0, dtype)
+    code, body = int(buf[0]), buf[1:]
+    if code == _CODE_RAW:
+        return body.copy().view(dtype)                    # copy: aligned whatever the offset
+    widths = (np.uint16,) if code == _CODE_U16 else (np.uint8, np.uint16)
+    gaps, off = None, 0
+    n_next = m - 1                                        # entries in the current layer
+    for w in widths:
+        layer = body[off:off + n_next * np.dtype(w).itemsize].copy().view(w)
+        off += layer.nbytes
+        if gaps is None:
+            gaps = layer.astype(dtype)
+            esc = np.flatnonzero(layer == 0)
+        else:
+            gaps[esc] = layer
+            esc = esc[layer == 0]
+        n_next = esc.size
+    tail = body[off:].copy().view(dtype)                  # the first index, then the rest
+    gaps[esc] = tail[1:]
     out = np.empty(m, dtype=dtype)
     out[0] = tail[0]
     np.cumsum(gaps, out=out[1:])
@@ -323,7 +357,7 @@ class OkTopk(SparseAllreduce):
     fit the data, balance 0 to 2k(P-1)/P, allgatherv 2k(P-1)/P.  Measured
     bytes per rank and direction never exceed ``traffic_bound``:
     B (value + index) entries with B = max(floor(3k(P-1)/P), Q + P), plus
-    control: 72(P-1) bytes of counts and the radix search's
+    control: 74(P-1) bytes of counts and the radix search's
     8 x ceil(256 (P-1)/P) bytes (16 rounds for float64).  The Q + P floor
     only matters when k is below about P (see ``_budgets``).
 
@@ -380,8 +414,8 @@ class OkTopk(SparseAllreduce):
         unchanged at 8, 16.  Not the default for that reason.
 
       * ``code_indices`` (default True): host index arrays travel
-        delta-coded (``_encode_indices``: 2-byte gaps, 4-byte escapes, raw
-        whenever that is not shorter), the reduce step's per-partner indices
+        delta-coded (``_encode_indices``: per message the shortest of 1-byte
+        gaps, 2-byte gaps and raw, escapes to wider words), the reduce step's per-partner indices
         and the allgathered block (sorted first); the coded lengths cost one
         more count alltoall and allgather.  Lossless: the same outputs,
         bitwise.  Measured on the traffic study's stream (docs/BENCHMARKS.md,
@@ -720,12 +754,14 @@ class OkTopk(SparseAllreduce):
         6k(P-1)/P words whenever k is at least about P, plus control:
         boundaries (16(P-1)), two count alltoalls (16(P-1)), the counts
         allgather (24(P-1)), the coded index lengths (16(P-1): one alltoall,
-        one allgather) and the radix search for the global threshold.
+        one allgather), a format byte per coded index message (2(P-1)) and
+        the radix search for the global threshold.
         """
         if P == 1:
             return 0
         _, B = _budgets(P, k)
         idx_bytes = 4 if n < 2**31 else 8
         radix = _radix_rounds(itemsize) * -(-2 * _CTRL * (1 << _RADIX_BITS) * (P - 1) // P)
-        control = (56 + 16) * (P - 1) + radix   # + the coded index lengths (host data)
+        # + the coded index lengths and each coded message's format byte (host data)
+        control = (56 + 16 + 2) * (P - 1) + radix
         return B * (itemsize + idx_bytes) + control

@@ -111,11 +111,15 @@ def test_index_coding_round_trips_and_never_grows(dtype):
             idx = np.unique(np.concatenate([idx[:3], rng.integers(0, 50, m) + n // 2]))
             idx = idx[idx < n].astype(dtype)
         enc = _encode_indices(idx)
-        assert enc.dtype == np.uint8 and enc.size <= idx.nbytes
+        assert enc.dtype == np.uint8 and enc.size <= idx.nbytes + 1     # + the format byte
         got = _decode_indices(enc.copy(), idx.size, dtype)
         assert got.dtype == dtype and np.array_equal(got, idx)
-    dense = np.arange(1000, 5000, 3, dtype=dtype)       # gaps of 3: about half the bytes
-    assert _encode_indices(dense).size < 0.6 * dense.nbytes
+    close = np.arange(1000, 5000, 3, dtype=dtype)       # gaps of 3: one byte each
+    assert _encode_indices(close).size <= close.size + 1 + close.itemsize
+    apart = np.arange(1000, 1 << 20, 1000, dtype=dtype)  # gaps of 1000: two bytes each
+    assert _encode_indices(apart).size <= 2 * apart.size + 1 + apart.itemsize
+    far = np.array([5, 1 << 30], dtype=dtype)           # one huge gap: raw
+    assert _encode_indices(far).size == far.nbytes + 1
 
 
 def test_traffic_bounds_formulas():
@@ -124,7 +128,7 @@ def test_traffic_bounds_formulas():
         b = OkTopk.traffic_bound(n, P, k, 4)
         words = 6 * k * (P - 1) / P
         # counts, boundaries, the coded index lengths, the radix search
-        control = 72 * (P - 1) + 8 * -(-256 * (P - 1) // P)
+        control = 74 * (P - 1) + 8 * -(-256 * (P - 1) // P)
         assert b <= 4 * words + control
         assert b >= 4 * 2 * k * (P - 1) / P       # never below what one allgather needs
     assert OkTopk.traffic_bound(10, 1, 1) == 0 and TopKA2A.traffic_bound(10, 1, 1) == 0
