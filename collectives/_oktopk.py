@@ -417,9 +417,8 @@ class OkTopk(SparseAllreduce):
         delta-coded (``_encode_indices``: per message the shortest of 1-byte
         gaps, 2-byte gaps and raw, escapes to wider words), the reduce
         step's per-partner indices and the allgathered block (sorted first);
-        the coded lengths cost one
-        more count alltoall and allgather.  Lossless: the same outputs,
-        bitwise.  Measured on the traffic study's stream (docs/BENCHMARKS.md,
+        the coded lengths cost one more count alltoall and allgather.
+        Lossless: the same outputs, bitwise.  Measured on the traffic study's stream (docs/BENCHMARKS.md,
         "Delta-coded indices"): the busiest rank moves 1.25-1.34x the lower
         bound at P = 2..16 instead of 1.94-2.02x; on the 1 Gbit/s namespace
         (P = 4, n = 2^24, 1%) communication halves and a call takes 9% less.
