@@ -143,6 +143,7 @@ def _budgets(P: int, k: int, reduce_cap: float = _REDUCE_CAP) -> tuple[int, int]
 
 
 _CODE_RAW, _CODE_U16, _CODE_U8 = 0, 1, 2
+_GAP_WIDTHS = {_CODE_U16: (np.uint16,), _CODE_U8: (np.uint8, np.uint16)}  # escape layers
 
 
 def _gap_layers(gaps, widths):
@@ -166,9 +167,9 @@ def _encode_indices(idx) -> np.ndarray:
     previous index in 2 bytes, 0 escaping to the index dtype); or u8 (gaps in
     1 byte, 0 escaping to 2 bytes, whose 0 escapes to the index dtype),
     whichever is shortest for this array.  The first index and the widest
-    escapes follow in the index dtype.  No indices: no bytes.  Gaps are about n/k: u8 suits 1%
-    densities, u16 sparser ones, raw a few indices spread far apart, so a
-    message grows by the format byte at most.
+    escapes follow in the index dtype.  No indices: no bytes.  Gaps are
+    about n/k: u8 suits 1% densities, u16 sparser ones, raw a few indices
+    spread far apart, so a message grows by the format byte at most.
     """
     if idx.size == 0:
         return np.empty(0, np.uint8)                      # nothing to send, not even a format
@@ -177,7 +178,7 @@ def _encode_indices(idx) -> np.ndarray:
         return raw
     gaps = np.diff(idx)
     best = raw
-    for code, widths in ((_CODE_U16, (np.uint16,)), (_CODE_U8, (np.uint8, np.uint16))):
+    for code, widths in _GAP_WIDTHS.items():
         layers = _gap_layers(gaps, widths)
         layers[-1] = np.concatenate([idx[:1], layers[-1]]).astype(idx.dtype, copy=False)
         size = 1 + sum(a.nbytes for a in layers)
@@ -194,10 +195,9 @@ def _decode_indices(buf, m: int, dtype) -> np.ndarray:
     code, body = int(buf[0]), buf[1:]
     if code == _CODE_RAW:
         return body.copy().view(dtype)                    # copy: aligned whatever the offset
-    widths = (np.uint16,) if code == _CODE_U16 else (np.uint8, np.uint16)
     gaps, off = None, 0
     n_next = m - 1                                        # entries in the current layer
-    for w in widths:
+    for w in _GAP_WIDTHS[code]:
         layer = body[off:off + n_next * np.dtype(w).itemsize].copy().view(w)
         off += layer.nbytes
         if gaps is None:
