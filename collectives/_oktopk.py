@@ -142,80 +142,6 @@ def _budgets(P: int, k: int, reduce_cap: float = _REDUCE_CAP) -> tuple[int, int]
     return Q, B
 
 
-_CODE_RAW, _CODE_U16, _CODE_U8 = 0, 1, 2
-_GAP_WIDTHS = {_CODE_U16: (np.uint16,), _CODE_U8: (np.uint8, np.uint16)}  # escape layers
-
-
-def _gap_layers(gaps, widths):
-    """Split gaps into escape layers: layer j holds, for every gap that
-    escaped layers 0..j-1, the gap itself if it fits ``widths[j]`` (unsigned,
-    its maximum kept as the escape 0: no gap is 0) else 0; the last layer
-    holds the rest whole.  Returns the list of layer arrays."""
-    layers, rest = [], gaps
-    for w in widths:
-        fits = rest < np.iinfo(w).max
-        layers.append(np.where(fits, rest, 0).astype(w))
-        rest = rest[~fits]
-    layers.append(rest)
-    return layers
-
-
-def _encode_indices(idx) -> np.ndarray:
-    """Bytes of a sorted, duplicate-free host index array, delta-coded when shorter.
-
-    One format byte, then: raw (the index bytes); u16 (the gaps to the
-    previous index in 2 bytes, 0 escaping to the index dtype); or u8 (gaps in
-    1 byte, 0 escaping to 2 bytes, whose 0 escapes to the index dtype),
-    whichever is shortest for this array.  The first index and the widest
-    escapes follow in the index dtype.  No indices: no bytes.  Gaps are
-    about n/k: u8 suits 1% densities, u16 sparser ones, raw a few indices
-    spread far apart, so a message grows by the format byte at most.
-    """
-    if idx.size == 0:
-        return np.empty(0, np.uint8)                      # nothing to send, not even a format
-    raw = np.concatenate([np.array([_CODE_RAW], np.uint8), idx.view(np.uint8)])
-    if idx.size < 2:
-        return raw
-    gaps = np.diff(idx)
-    best = raw
-    for code, widths in _GAP_WIDTHS.items():
-        layers = _gap_layers(gaps, widths)
-        layers[-1] = np.concatenate([idx[:1], layers[-1]]).astype(idx.dtype, copy=False)
-        size = 1 + sum(a.nbytes for a in layers)
-        if size < best.size:
-            best = np.concatenate([np.array([code], np.uint8)] + [a.view(np.uint8) for a in layers])
-    return best
-
-
-def _decode_indices(buf, m: int, dtype) -> np.ndarray:
-    """Inverse of ``_encode_indices`` for ``m`` indices of ``dtype``."""
-    dtype = np.dtype(dtype)
-    if m == 0:
-        return np.empty(0, dtype)
-    code, body = int(buf[0]), buf[1:]
-    if code == _CODE_RAW:
-        return body.copy().view(dtype)                    # copy: aligned whatever the offset
-    gaps, off = None, 0
-    n_next = m - 1                                        # entries in the current layer
-    for w in _GAP_WIDTHS[code]:
-        layer = body[off:off + n_next * np.dtype(w).itemsize].copy().view(w)
-        off += layer.nbytes
-        if gaps is None:
-            gaps = layer.astype(dtype)
-            esc = np.flatnonzero(layer == 0)
-        else:
-            gaps[esc] = layer
-            esc = esc[layer == 0]
-        n_next = esc.size
-    tail = body[off:].copy().view(dtype)                  # the first index, then the rest
-    gaps[esc] = tail[1:]
-    out = np.empty(m, dtype=dtype)
-    out[0] = tail[0]
-    np.cumsum(gaps, out=out[1:])
-    out[1:] += tail[0]
-    return out
-
-
 def _radix_rounds(itemsize: int) -> int:
     return -(-(8 * itemsize - 1) // _RADIX_BITS)
 
@@ -414,14 +340,15 @@ class OkTopk(SparseAllreduce):
         unchanged at 8, 16.  Not the default for that reason.
 
       * ``code_indices`` (default True): host index arrays travel
-        delta-coded (``_encode_indices``: per message the shortest of 1-byte
-        gaps, 2-byte gaps and raw, escapes to wider words), the reduce
+        delta-coded (``kernels.encode_indices``: per message the shortest of
+        1-byte gaps, 2-byte gaps and raw, escapes to wider words), the reduce
         step's per-partner indices and the allgathered block (sorted first);
         the coded lengths cost one more count alltoall and allgather.
-        Lossless: the same outputs, bitwise.  Measured on the traffic study's stream (docs/BENCHMARKS.md,
-        "Delta-coded indices"): the busiest rank moves 1.25-1.34x the lower
-        bound at P = 2..16 instead of 1.94-2.02x; on the 1 Gbit/s namespace
-        (P = 4, n = 2^24, 1%) communication halves and a call takes 9% less.
+        Lossless: the same outputs, bitwise.  Measured on the traffic
+        study's stream (docs/BENCHMARKS.md, "Delta-coded indices"): the
+        busiest rank moves 1.25-1.34x the lower bound at P = 2..16 instead
+        of 1.94-2.02x; on the 1 Gbit/s namespace (P = 4, n = 2^24, 1%)
+        communication halves and a call takes 9% less.
         Device (cupy) arrays keep raw indices for now.
 
       * ``residuals`` ("contributor", the paper's rule and the default, or
@@ -554,8 +481,7 @@ class OkTopk(SparseAllreduce):
                 send_v.append(sv)
         code = self.code_indices and xp is np and P > 1   # host indices go delta-coded
         if code:
-            out_b = [_encode_indices(send_i[j]) if j != rank else send_i[j].view(np.uint8)
-                     for j in range(P)]
+            out_b = [kernels.encode_indices(si) for si in send_i]   # own: empty
             with comm.phase("control:counts"):
                 lens = comm.alltoall_ints([b.size for b in out_b])
             recv_i = [np.empty(int(lens[s]), dtype=np.uint8) for s in range(P)]
@@ -577,7 +503,7 @@ class OkTopk(SparseAllreduce):
         with comm.phase("comm:reduce"):
             _windowed(comm, steps, self.window)
         if code:
-            recv_i = [_decode_indices(b, int(accept[s]), idx.dtype) if s != rank else b
+            recv_i = [kernels.decode_indices(b, int(accept[s]), idx.dtype)
                       for s, b in enumerate(recv_i)]
         with comm.phase("reduce"):
             parts_i = [own_i if s == rank else recv_i[s] for s in range(P)]
@@ -639,15 +565,16 @@ class OkTopk(SparseAllreduce):
         if code:   # sorted (the receivers scatter the block), so its gaps are small
             order = np.argsort(bi, kind="stable")
             bi, bv = bi[order], bv[order]
-            enc = _encode_indices(bi)
+            enc = kernels.encode_indices(bi)
             with comm.phase("control:counts"):
                 lens = comm.allgather_ints([enc.size])[:, 0]
         with comm.phase("comm:allgather"):
             if code:
                 allb, _ = comm.allgatherv(enc, lens)
                 ends = np.cumsum(lens)
-                all_i = np.concatenate([_decode_indices(allb[e - c:e], int(blk[r]), bi.dtype)
-                                        for r, (e, c) in enumerate(zip(ends, lens))])
+                all_i = np.concatenate([
+                    kernels.decode_indices(allb[e - c:e], int(blk[r]), bi.dtype)
+                    for r, (e, c) in enumerate(zip(ends, lens))])
             else:
                 all_i, _ = comm.allgatherv(bi, blk)
             all_v, _ = comm.allgatherv(bv, blk)

@@ -18,13 +18,23 @@ from ._select import (
     topk_indices,
     topk_select,
 )
-from ._sparse import coo_sum, region_bounds, scatter_add, split_by_bounds, to_dense
+from ._sparse import (
+    coo_sum,
+    decode_indices,
+    encode_indices,
+    region_bounds,
+    scatter_add,
+    split_by_bounds,
+    to_dense,
+)
 from ._xp import array_module, index_dtype, is_device_array
 
 __all__ = [
     "array_module",
     "cap_selection",
     "coo_sum",
+    "decode_indices",
+    "encode_indices",
     "gaussian_select",
     "gaussian_threshold",
     "index_dtype",

@@ -120,3 +120,79 @@ def split_by_bounds(indices, bounds):
     offs = [int(o) for o in (offs.get() if hasattr(offs, "get") else offs)]
     offs[0], offs[-1] = 0, int(indices.size)
     return offs
+
+
+# -- index coding for the wire (host arrays) -----------------------------------
+_CODE_RAW, _CODE_U16, _CODE_U8 = 0, 1, 2
+_GAP_WIDTHS = {_CODE_U16: (np.uint16,), _CODE_U8: (np.uint8, np.uint16)}  # escape layers
+
+
+def _gap_layers(gaps, widths):
+    """Split gaps into escape layers: layer j holds, for every gap that
+    escaped layers 0..j-1, the gap if it is below the maximum of the unsigned
+    ``widths[j]``, else 0 (the escape: no gap is 0); the last layer holds the
+    remaining gaps whole.  Returns the list of layer arrays."""
+    layers, rest = [], gaps
+    for w in widths:
+        fits = rest < np.iinfo(w).max
+        layers.append(np.where(fits, rest, 0).astype(w))
+        rest = rest[~fits]
+    layers.append(rest)
+    return layers
+
+
+def encode_indices(idx) -> np.ndarray:
+    """Wire bytes of a sorted, duplicate-free host (numpy) index array,
+    delta-coded when shorter.
+
+    One format byte, then: raw (the index bytes); u16 (the gaps to the
+    previous index in 2 bytes, 0 escaping to the index dtype); or u8 (gaps in
+    1 byte, 0 escaping to 2 bytes, whose 0 escapes to the index dtype),
+    whichever is shortest for this array.  The first index and the widest
+    escapes follow in the index dtype.  No indices: no bytes.  Gaps are
+    about n/k: u8 suits 1% densities, u16 sparser ones, raw a few indices
+    spread far apart, so a message grows by the format byte at most.
+    """
+    if idx.size == 0:
+        return np.empty(0, np.uint8)                      # nothing to send, not even a format
+    raw = np.concatenate([np.array([_CODE_RAW], np.uint8), idx.view(np.uint8)])
+    if idx.size < 2:
+        return raw
+    gaps = np.diff(idx)
+    best = raw
+    for code, widths in _GAP_WIDTHS.items():
+        layers = _gap_layers(gaps, widths)
+        layers[-1] = np.concatenate([idx[:1], layers[-1]]).astype(idx.dtype, copy=False)
+        size = 1 + sum(a.nbytes for a in layers)
+        if size < best.size:
+            best = np.concatenate([np.array([code], np.uint8)] + [a.view(np.uint8) for a in layers])
+    return best
+
+
+def decode_indices(buf, m: int, dtype) -> np.ndarray:
+    """Inverse of ``encode_indices`` for ``m`` indices of ``dtype`` (host arrays)."""
+    dtype = np.dtype(dtype)
+    if m == 0:
+        return np.empty(0, dtype)
+    code, body = int(buf[0]), buf[1:]
+    if code == _CODE_RAW:
+        return body.copy().view(dtype)                    # copy: aligned whatever the offset
+    gaps, off = None, 0
+    n_next = m - 1                                        # entries in the current layer
+    for w in _GAP_WIDTHS[code]:
+        layer = body[off:off + n_next * np.dtype(w).itemsize].copy().view(w)
+        off += layer.nbytes
+        if gaps is None:
+            gaps = layer.astype(dtype)
+            esc = np.flatnonzero(layer == 0)
+        else:
+            gaps[esc] = layer
+            esc = esc[layer == 0]
+        n_next = esc.size
+    tail = body[off:].copy().view(dtype)                  # the first index, then the rest
+    gaps[esc] = tail[1:]
+    out = np.empty(m, dtype=dtype)
+    out[0] = tail[0]
+    np.cumsum(gaps, out=out[1:])
+    out[1:] += tail[0]
+    return out

@@ -141,3 +141,25 @@ def test_scratch_work_gives_the_same_selection(dist):
         a, b = kernels.threshold_select(x, thr), kernels.threshold_select(x, thr, work=work)
         assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
     assert {t for t, _ in pool} == {"mag", "part", "mask"}
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+def test_index_coding_round_trips_and_never_grows(dtype):
+    rng = np.random.default_rng()
+    for _ in range(300):
+        n = int(rng.choice([2, 100, 1 << 16, 1 << 20, (1 << 31) - 1]))
+        m = int(rng.integers(0, min(n, 5000) + 1))
+        idx = np.unique(rng.integers(0, n, m)).astype(dtype)
+        if rng.random() < 0.3:          # clustered: small gaps, with a few huge ones
+            idx = np.unique(np.concatenate([idx[:3], rng.integers(0, 50, m) + n // 2]))
+            idx = idx[idx < n].astype(dtype)
+        enc = kernels.encode_indices(idx)
+        assert enc.dtype == np.uint8 and enc.size <= idx.nbytes + 1     # + the format byte
+        got = kernels.decode_indices(enc.copy(), idx.size, dtype)
+        assert got.dtype == dtype and np.array_equal(got, idx)
+    close = np.arange(1000, 5000, 3, dtype=dtype)       # gaps of 3: one byte each
+    assert kernels.encode_indices(close).size <= close.size + 1 + close.itemsize
+    apart = np.arange(1000, 1 << 20, 1000, dtype=dtype)  # gaps of 1000: two bytes each
+    assert kernels.encode_indices(apart).size <= 2 * apart.size + 1 + apart.itemsize
+    far = np.array([5, 1 << 30], dtype=dtype)           # one huge gap: raw
+    assert kernels.encode_indices(far).size == far.nbytes + 1

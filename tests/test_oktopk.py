@@ -98,30 +98,6 @@ def test_fit_global_typical_case_keeps_k():
         assert _fit_global(g, S, R, _budgets(P, k)[1], k, P) == k
 
 
-@pytest.mark.parametrize("dtype", [np.int32, np.int64])
-def test_index_coding_round_trips_and_never_grows(dtype):
-    from collectives._oktopk import _decode_indices, _encode_indices
-
-    rng = np.random.default_rng()
-    for _ in range(300):
-        n = int(rng.choice([2, 100, 1 << 16, 1 << 20, (1 << 31) - 1]))
-        m = int(rng.integers(0, min(n, 5000) + 1))
-        idx = np.unique(rng.integers(0, n, m)).astype(dtype)
-        if rng.random() < 0.3:          # clustered: small gaps, with a few huge ones
-            idx = np.unique(np.concatenate([idx[:3], rng.integers(0, 50, m) + n // 2]))
-            idx = idx[idx < n].astype(dtype)
-        enc = _encode_indices(idx)
-        assert enc.dtype == np.uint8 and enc.size <= idx.nbytes + 1     # + the format byte
-        got = _decode_indices(enc.copy(), idx.size, dtype)
-        assert got.dtype == dtype and np.array_equal(got, idx)
-    close = np.arange(1000, 5000, 3, dtype=dtype)       # gaps of 3: one byte each
-    assert _encode_indices(close).size <= close.size + 1 + close.itemsize
-    apart = np.arange(1000, 1 << 20, 1000, dtype=dtype)  # gaps of 1000: two bytes each
-    assert _encode_indices(apart).size <= 2 * apart.size + 1 + apart.itemsize
-    far = np.array([5, 1 << 30], dtype=dtype)           # one huge gap: raw
-    assert _encode_indices(far).size == far.nbytes + 1
-
-
 def test_traffic_bounds_formulas():
     for P, k in itertools.product((2, 3, 4, 8, 16), (10, 655, 10486)):
         n = 100 * k
