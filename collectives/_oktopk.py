@@ -667,7 +667,9 @@ class OkTopk(SparseAllreduce):
         The control accounting is rank-independent, so every rank agrees."""
         ctl = [c for ph, c in so_far.phases.items() if ph.startswith("control:")]
         ctl = max(sum(c.bytes_sent for c in ctl), sum(c.bytes_recv for c in ctl))
-        ctl += _CTRL * (P - 1)   # the allgatherv's coded index lengths, still to come
+        # still to come with coded indices: the allgatherv's lengths, and a format
+        # byte per index message (a raw message grows by it)
+        ctl += (_CTRL + 2) * (P - 1)
         entry = itemsize + idx_bytes
         B = int(self.budget * k * (P - 1) // P) - -(-ctl // entry)
         return max(B, Q + P)
