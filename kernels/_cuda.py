@@ -871,7 +871,7 @@ tk_find(const u32* __restrict__ hist, const int nbits, const int shift,
 // entry; output positions ascend.  out_idx[j] = idx[p] (idx may be null: p).
 #define TKS_THREADS 1024
 
-__device__ __forceinline__ u32 tks_block_excl_scan(const u32 v, u32* sh, u32* total) {
+__device__ __forceinline__ u32 tks_block_excl_scan(const u32 v, u32* sh) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const u32 incl = warp_incl_scan(v, lane);
     if (lane == 31) sh[warp] = incl;
@@ -882,7 +882,6 @@ __device__ __forceinline__ u32 tks_block_excl_scan(const u32 v, u32* sh, u32* to
     }
     __syncthreads();
     const u32 out = incl - v + (warp ? sh[warp - 1] : 0u);
-    *total = sh[(blockDim.x >> 5) - 1];
     __syncthreads();                               // sh is reused by the next scan
     return out;
 }
@@ -931,15 +930,15 @@ tk_small(const float* __restrict__ val, const int* __restrict__ idx, const int m
     const u32 T = s_prefix, need = s_krem;         // the k-th key; ties to take
     const int per = (m + (int)blockDim.x - 1) / (int)blockDim.x;
     const int lo = min(m, tid * per), hi = min(m, lo + per);
-    u32 above = 0u, ties = 0u, total;
+    u32 above = 0u, ties = 0u;
     for (int i = lo; i < hi; ++i) {
         const u32 kk = __ldg(key + i) & KEY_MASK;
         above += kk > T;
         ties += kk == T;
     }
-    const u32 tie0 = tks_block_excl_scan(ties, sh, &total);
+    const u32 tie0 = tks_block_excl_scan(ties, sh);
     const u32 take = need > tie0 ? min(ties, need - tie0) : 0u;
-    u32 pos = tks_block_excl_scan(above + take, sh, &total);
+    u32 pos = tks_block_excl_scan(above + take, sh);
     u32 t = tie0;
     for (int i = lo; i < hi; ++i) {
         const u32 kk = __ldg(key + i) & KEY_MASK;
