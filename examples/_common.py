@@ -24,7 +24,7 @@ import autotune.torch as at
 
 
 def parser(description: str, *, epochs: int, batch_size: int, lr: float,
-           warmup_steps: int) -> argparse.ArgumentParser:
+           warmup_steps: int, density_warmup: int = 0) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--algorithm", default="dense",
                    help="dense|oktopk|gtopk|topka|auto|... (comma list: several runs)")
@@ -38,7 +38,7 @@ def parser(description: str, *, epochs: int, batch_size: int, lr: float,
                    help="learning rate over the run: cosine decay to 0, or constant")
     p.add_argument("--warmup-steps", type=int, default=warmup_steps,
                    help="dense steps before the sparse algorithm takes over")
-    p.add_argument("--density-warmup", type=int, default=0,
+    p.add_argument("--density-warmup", type=int, default=density_warmup,
                    help="steps after the dense warm-up over which the density falls "
                         "geometrically from 1/4 to --density (Deep Gradient Compression)")
     p.add_argument("--momentum-correction", action="store_true",

@@ -44,7 +44,8 @@ def make_model(width: int = 8) -> nn.Module:
 
 
 def main(argv=None):
-    ap = parser(__doc__.split("\n")[0], epochs=40, batch_size=64, lr=0.1, warmup_steps=20)
+    ap = parser(__doc__.split("\n")[0], epochs=40, batch_size=64, lr=0.1, warmup_steps=100,
+                density_warmup=76)
     ap.add_argument("--width", type=int, default=32, help="channels of the first conv layer")
     ap.add_argument("--momentum", type=float, default=0.9)
     ap.add_argument("--clip", type=float, default=1.0, help="clip the averaged gradient's norm")

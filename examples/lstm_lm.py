@@ -1,7 +1,7 @@
 """Data-parallel training of a small character-level LSTM language model, any allreduce.
 
     mpiexec -n 4 python examples/lstm_lm.py --algorithm oktopk --density 0.01 \
-        --seed 0 --epochs 8 --out lstm.json
+        --seed 0 --out lstm.json
 
 The corpus is real text that every Python installation carries offline: a
 fixed list of the standard library's own modules, read from
@@ -72,7 +72,8 @@ class CharLSTM(nn.Module):
 
 
 def main(argv=None):
-    ap = parser(__doc__.split("\n")[0], epochs=8, batch_size=32, lr=0.5, warmup_steps=20)
+    ap = parser(__doc__.split("\n")[0], epochs=12, batch_size=32, lr=0.5, warmup_steps=300,
+                density_warmup=600)
     ap.add_argument("--bptt", type=int, default=32, help="characters per training window")
     ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--momentum", type=float, default=0.9)

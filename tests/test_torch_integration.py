@@ -329,7 +329,8 @@ def test_examples_write_curves(tmp_path, example, integration):
     argv = mpiexec_argv(2, [sys.executable, str(root / "examples" / f"{example}.py"),
                             "--algorithm", "gtopk,dense", "--density", "0.05", "--seed", "3",
                             "--epochs", "2", "--max-steps-per-epoch", "3",
-                            "--momentum-correction", "--density-warmup", "2", "--fold-lr",
+                            "--warmup-steps", "2", "--momentum-correction",
+                            "--density-warmup", "2", "--fold-lr",
                             "--integration", integration, "--out", str(out)])
     p = subprocess.run(argv, env=mpi_env(), capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
@@ -340,3 +341,8 @@ def test_examples_write_curves(tmp_path, example, integration):
         assert len(r["curve"]) == 2 and r["curve"][-1]["step"] == 6
         for pt in r["curve"]:
             assert {"train_loss", metric, "epoch_s", "wall_s", "bytes_sent"} <= set(pt)
+    sparse, dense = d["runs"]
+    # 2 dense steps, then 4 sparse ones (2 of them under the density warm-up)
+    assert sparse["stats"]["dense_steps"] == 2 and sparse["stats"]["sparse_steps"] == 4
+    assert sparse["stats"]["last_algorithm"] == "gtopk"
+    assert sparse["final"]["bytes_sent"] < dense["final"]["bytes_sent"]
