@@ -72,7 +72,7 @@ class CharLSTM(nn.Module):
 
 
 def main(argv=None):
-    ap = parser(__doc__.split("\n")[0], epochs=12, batch_size=32, lr=0.5, warmup_steps=300,
+    ap = parser(__doc__.split("\n")[0], epochs=8, batch_size=32, lr=0.5, warmup_steps=300,
                 density_warmup=600)
     ap.add_argument("--bptt", type=int, default=32, help="characters per training window")
     ap.add_argument("--hidden", type=int, default=128)
