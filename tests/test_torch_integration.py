@@ -340,3 +340,12 @@ def test_examples_write_curves(tmp_path, example, integration):
         assert len(r["curve"]) == 2 and r["curve"][-1]["step"] == 6
         for pt in r["curve"]:
             assert {"train_loss", metric, "epoch_s", "wall_s", "bytes_sent"} <= set(pt)
+
+
+@pytest.mark.mpi
+def test_half_precision_models_keep_replicas_identical(mpirun):
+    """bfloat16 and float16 models through DistributedOptimizer (flat, per layer,
+    momentum correction) and the DDP hook at P = 3: replicas identical, dtypes kept."""
+    pytest.importorskip("torch")
+    out = mpirun(3, "tests.mpi.torch_checks", "--cases", "half", timeout=180)
+    assert "torch_checks P=3:" in out and "  half       ok" in out
