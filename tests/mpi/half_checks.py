@@ -21,7 +21,6 @@ import argparse
 import os
 import sys
 import time
-import traceback
 import zlib
 
 import numpy as np
@@ -29,6 +28,7 @@ from mpi4py import MPI
 
 import autotune
 from collectives import ALGORITHMS, MPICommunicator
+from tests.mpi import run_cases
 
 WORLD = MPI.COMM_WORLD
 RANK, P = WORLD.rank, WORLD.size
@@ -187,23 +187,9 @@ def main(argv=None) -> int:
     if RANK == 0:
         print(f"half_checks P={P} seed={seed} backend={args.backend} array={args.array} "
               f"kinds={[k.label for k in kinds(args.array)]}", flush=True)
-    total = 0
-    for name, case in (("algorithms", case_algorithms), ("errors", case_errors)):
-        try:
-            done = case(args.array, rng)
-        except Exception:
-            sys.stdout.flush()
-            print(f"[rank {RANK}] half_checks {name} FAILED at P={P}:", file=sys.stderr)
-            traceback.print_exc()
-            sys.stderr.flush()
-            WORLD.Abort(1)
-            return 1
-        total += done
-        if RANK == 0:
-            print(f"  {name:10s} ok ({done})", flush=True)
-    if RANK == 0:
-        print(f"half_checks P={P}: {total} cases passed", flush=True)
-    return 0
+    return run_cases(WORLD, "half_checks",
+                     {"algorithms": lambda: case_algorithms(args.array, rng),
+                      "errors": lambda: case_errors(args.array, rng)}, seed)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import traceback
 
 import torch
 from torch import nn
@@ -33,6 +32,7 @@ from torch import nn
 import autotune
 import autotune.torch as at
 from collectives import ALGORITHMS
+from tests.mpi import run_cases
 
 COMM = autotune.init()
 RANK, P = COMM.rank, COMM.size
@@ -232,23 +232,8 @@ def main(argv=None) -> int:
     ap.add_argument("--cases", default=",".join(CASES))
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
-    total = 0
-    for name in args.cases.split(","):
-        try:
-            done = CASES[name]()
-        except Exception:
-            sys.stdout.flush()
-            print(f"[rank {RANK}] torch_checks case {name} FAILED at P={P}:", file=sys.stderr)
-            traceback.print_exc()
-            sys.stderr.flush()
-            COMM.comm.Abort(1)
-            return 1
-        total += done
-        if RANK == 0:
-            print(f"  {name:10s} ok ({done} runs)", flush=True)
-    if RANK == 0:
-        print(f"torch_checks P={P}: {total} cases passed", flush=True)
-    return 0
+    return run_cases(COMM.comm, "torch_checks",
+                     {name: CASES[name] for name in args.cases.split(",")})
 
 
 if __name__ == "__main__":
