@@ -199,9 +199,10 @@ def resolve(tensor, *, name: str | None = None, density: float | None = None) ->
     target density first, and later calls reuse that algorithm at their own
     density.
     """
-    arr, _ = as_array(tensor)
+    arr, adapter = as_array(tensor)
     comm = init()
-    validate(comm, arr, density=density, tag=name or "")
+    validate(comm, arr, density=density, tag=name or "", source=adapter.source,
+             contiguous=adapter.contiguous)
     return _resolve_validated(comm, arr, name, density)
 
 
@@ -222,7 +223,9 @@ def allreduce(tensor, *, name: str | None = None, algorithm: str = "auto",
 
     Args:
         tensor: numpy array, cupy array or torch tensor (any shape; float32 or
-            float64; contiguous).
+            float64; contiguous).  float16 and bfloat16 are reduced in float32
+            (a widened copy; sparse residuals are kept in float32) and the
+            result is rounded back to the input's dtype.
         name: the tensor's stable name (e.g. the parameter's); required for
             sparse algorithms, which keep its error-feedback residual.
         algorithm: a name from ``collectives.ALGORITHMS`` or ``"auto"``.
@@ -253,10 +256,11 @@ def allreduce(tensor, *, name: str | None = None, algorithm: str = "auto",
     extra = {"tau": tau, "tau_prime": tau_prime}
     validated = False
     choice = None
+    seen = {"source": adapter.source, "contiguous": adapter.contiguous}
     if algorithm == "auto":
         # validate first (collectively, name included), so that every rank
         # reaches the decision broadcast below, or every rank raises
-        validate(comm, arr, density=density, tag=name or "", params=extra)
+        validate(comm, arr, density=density, tag=name or "", params=extra, **seen)
         validated = True
         choice = _resolve_validated(comm, arr, name, density)
         algorithm = choice.algorithm
@@ -264,6 +268,12 @@ def allreduce(tensor, *, name: str | None = None, algorithm: str = "auto",
         # choice); an exact choice takes none
         density = None if choice.density is None else (density or choice.density)
     algo = algorithm_instance(algorithm)
+    if adapter.source is not None and not validated:
+        # a widened half-precision input: the caller's dtype and contiguity are
+        # checked (as the algorithm would check its own input's)
+        validate(comm, arr, density=density if algo.lossy else None,
+                 check_finite=algo.check_finite, params=extra if algo.lossy else None, **seen)
+        validated = True
     t0 = time.perf_counter()
     out = algo(arr, name=name, density=density, validated=validated,
                **(extra if algo.lossy else {}))

@@ -172,7 +172,7 @@ class _DistributedOptimizer:
     def synchronize(self) -> None:
         """Average all gradients over the ranks now (e.g. before clipping
         them); the next ``step()`` then does not reduce again."""
-        grads = []
+        grads, widened = [], []
         for group in self.param_groups:
             for p in group["params"]:
                 if not p.requires_grad:
@@ -184,8 +184,13 @@ class _DistributedOptimizer:
                 if p.grad.is_sparse:
                     raise TypeError(f"DistributedOptimizer: sparse gradient of "
                                     f"{self._autotune_names[id(p)]!r} is not supported")
-                grads.append((self._autotune_names[id(p)], as_array(p.grad)[0]))
+                arr, back = as_array(p.grad)
+                grads.append((self._autotune_names[id(p)], arr))
+                if back.source is not None:   # half precision: reduced in a float32 copy
+                    widened.append((p.grad, arr, back))
         self.sparse_sgd.synchronize(grads)
+        for grad, arr, back in widened:
+            grad.copy_(back.back(arr))
         self._autotune_synchronized = True
 
     def step(self, closure=None):
@@ -322,16 +327,18 @@ def broadcast_parameters(params, root_rank: int = 0) -> None:
         return
     for t in tensors:
         with torch.no_grad():
-            if t.device.type != "cpu":
-                host = t.detach().cpu().contiguous()
-                comm.bcast(host.numpy().reshape(-1), root_rank)
-                t.copy_(host)
-            elif t.is_contiguous():
-                comm.bcast(t.detach().numpy().reshape(-1), root_rank)
+            if t.device.type == "cpu" and t.is_contiguous():
+                comm.bcast(_host_bytes(t.detach()), root_rank)
             else:
-                host = t.detach().contiguous()
-                comm.bcast(host.numpy().reshape(-1), root_rank)
+                host = t.detach().cpu().contiguous()
+                comm.bcast(_host_bytes(host), root_rank)
                 t.copy_(host)
+
+
+def _host_bytes(t) -> np.ndarray:
+    """A contiguous CPU tensor's storage as a flat numpy byte view (any dtype,
+    bfloat16 included, which numpy cannot represent)."""
+    return t.reshape(-1).view(torch.uint8).numpy()
 
 
 def state_digest(module, *, buffers: bool = False) -> str:
@@ -345,5 +352,5 @@ def state_digest(module, *, buffers: bool = False) -> str:
     items = module.state_dict().items() if buffers else module.named_parameters()
     for name, t in items:
         h.update(name.encode())
-        h.update(np.ascontiguousarray(t.detach().cpu().numpy()).tobytes())
+        h.update(_host_bytes(t.detach().cpu().contiguous()).tobytes())
     return h.hexdigest()

@@ -220,7 +220,8 @@ class SparseSGD:
         algorithm = self.current_algorithm
         name = f"{self.prefix}.{key}"
         comm = dispatch.init()  # MPI start-up is not communication time
-        send = self._accumulate(tensor, name) if self.momentum else tensor
+        arr, back = as_array(tensor)   # half precision: a float32 copy (and velocity)
+        send = self._accumulate(arr, name) if self.momentum else arr
         if algorithm == "auto" and self.density_warmup and name not in self._decided:
             # decide at the target density, not at the warm-up's first (higher) one
             dispatch.resolve(send, name=name, density=self.density)
@@ -248,13 +249,12 @@ class SparseSGD:
             # the result (its residual is zero there) that momentum has been applied
             u = self._velocity[name]
             res = dispatch.algorithm_instance(self.last_algorithm).state(name).residual
-            u[(as_array(out)[0].reshape(u.shape) != 0) & (res.reshape(u.shape) == 0)] = 0
-        return out
+            u[(out.reshape(u.shape) != 0) & (res.reshape(u.shape) == 0)] = 0
+        return back.back(out)
 
-    def _accumulate(self, tensor, name: str):
-        """u = momentum * u + tensor for ``name``'s velocity; returns u (the
-        caller's type: a torch tensor gets a torch view of it)."""
-        arr, back = as_array(tensor)
+    def _accumulate(self, arr, name: str):
+        """u = momentum * u + arr (a numpy or cupy array) for ``name``'s
+        velocity; returns u."""
         u = self._velocity.get(name)
         if u is None or u.shape != arr.shape or u.dtype != arr.dtype:
             if u is not None:
@@ -263,7 +263,7 @@ class SparseSGD:
             u = self._velocity[name] = kernels.array_module(arr).zeros_like(arr)
         u *= self.momentum
         u += arr
-        return back.back(u)
+        return u
 
     def advance(self) -> None:
         """Count one optimizer step (warm-up and statistics follow it)."""

@@ -38,7 +38,8 @@ def register(cls):
 # -- validation ---------------------------------------------------------------
 _BAD_DTYPE, _NONCONTIG, _NONFINITE, _EMPTY, _BAD_DENSITY = 1, 2, 4, 8, 16
 _REASONS = {
-    _BAD_DTYPE: ("TypeError", "unsupported dtype (supported: float32, float64)"),
+    _BAD_DTYPE: ("TypeError", "unsupported dtype (supported: float32, float64; float16 and "
+                              "bfloat16 through autotune.allreduce)"),
     _NONCONTIG: ("ValueError", "tensor is not contiguous"),
     _NONFINITE: ("ValueError", "tensor holds NaN or Inf"),
     _EMPTY: ("ValueError", "tensor is empty"),
@@ -67,7 +68,8 @@ def check_intervals(**intervals) -> None:
 
 
 def validate(comm: Communicator, x, *, density: float | None = None, check_finite: bool = True,
-             tag: str = "", params: dict | None = None):
+             tag: str = "", params: dict | None = None, source: str | None = None,
+             contiguous: bool | None = None):
     """Check ``x`` on every rank and agree on the verdict.
 
     One small allgather carries each rank's flags, size, dtype and shape hash,
@@ -79,6 +81,11 @@ def validate(comm: Communicator, x, *, density: float | None = None, check_finit
     unset) must also agree across ranks: ranks selecting different k would
     exchange messages of different sizes.
 
+    ``source`` and ``contiguous`` describe the caller's tensor when ``x`` is
+    a widened copy of it (a half-precision input reduced in float32): its
+    dtype name is what must agree across ranks, and its contiguity is what
+    is checked.
+
     Raises:
         TypeError: unsupported dtype on some rank.
         ValueError: any other problem on some rank, or shapes/dtypes differing.
@@ -87,9 +94,10 @@ def validate(comm: Communicator, x, *, density: float | None = None, check_finit
     params = tuple(sorted((k, _comparable(v)) for k, v in (params or {}).items() if v is not None))
     code = 0
     dt = np.dtype(x.dtype)
+    shown = source or str(dt)
     if dt not in SUPPORTED_DTYPES:
         code |= _BAD_DTYPE
-    if not (x.flags.c_contiguous):
+    if not (x.flags.c_contiguous if contiguous is None else contiguous):
         code |= _NONCONTIG
     if x.size == 0:
         code |= _EMPTY
@@ -99,7 +107,7 @@ def validate(comm: Communicator, x, *, density: float | None = None, check_finit
         code |= _BAD_DENSITY
     shape_hash = zlib.crc32(repr(tuple(x.shape)).encode()) & 0x7FFFFFFF
     param_hash = zlib.crc32(repr((_comparable(density), *params)).encode())
-    mine = [code, int(x.size), zlib.crc32(dt.str.encode()) & 0x7FFFFFFF, shape_hash,
+    mine = [code, int(x.size), zlib.crc32(shown.encode()) & 0x7FFFFFFF, shape_hash,
             zlib.crc32(tag.encode()), param_hash]
     if comm.size > 1:
         with comm.phase("control:validate"):
@@ -113,12 +121,12 @@ def validate(comm: Communicator, x, *, density: float | None = None, check_finit
             if ranks:
                 exc = TypeError if kind == "TypeError" else ValueError
                 raise exc(f"allreduce: {why} on rank(s) {ranks}"
-                          + (f" (dtype {dt})" if bit == _BAD_DTYPE and code & bit else ""))
+                          + (f" (dtype {shown})" if bit == _BAD_DTYPE and code & bit else ""))
     for col, what in ((1, "size"), (2, "dtype"), (3, "shape"), (4, "name")):
         if (table[:, col] != table[0, col]).any():
             raise ValueError(
                 f"allreduce: tensor {what} differs across ranks "
-                f"(this rank: shape {tuple(x.shape)}, dtype {dt})")
+                f"(this rank: shape {tuple(x.shape)}, dtype {shown})")
     if (table[:, 5] != table[0, 5]).any():
         bad = [int(r) for r in np.flatnonzero(table[:, 5] != table[0, 5])]
         raise ValueError(f"allreduce: parameters differ from rank 0's on rank(s) {bad} "

@@ -6,6 +6,7 @@ The suite itself lives in tests/mpi/conformance.py (one runner, applied to
 import pytest
 
 from collectives import ALGORITHMS
+from support import requires_gpu
 from tests.mpi import VARIANTS
 
 
@@ -20,3 +21,22 @@ def test_conformance(mpirun, nprocs):
         assert f"  {name} " in out or f"  {name:10s} ok" in out
     for spec in VARIANTS:
         assert f"  {spec} " in out or f"  {spec:10s} ok" in out
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("nprocs", [1, 2, 3])
+def test_half_precision_inputs(mpirun, nprocs):
+    """float16 / bfloat16 through autotune.allreduce, every algorithm: reduced in
+    float32, rounded back, identical on every rank; mixed dtypes and non-contiguous
+    half tensors raise on every rank (tests/mpi/half_checks.py)."""
+    out = mpirun(nprocs, "tests.mpi.half_checks", timeout=300)
+    assert f"half_checks P={nprocs}:" in out and "cases passed" in out
+
+
+@pytest.mark.mpi
+@pytest.mark.gpu
+@requires_gpu
+def test_half_precision_inputs_on_the_gpu(mpirun):
+    """The same with cupy float16 and torch CUDA float16 / bfloat16 (MPI backend)."""
+    out = mpirun(1, "tests.mpi.half_checks", "--array", "gpu", timeout=300)
+    assert "half_checks P=1:" in out and "cases passed" in out

@@ -346,3 +346,12 @@ def test_examples_write_curves(tmp_path, example, integration):
     assert sparse["stats"]["dense_steps"] == 2 and sparse["stats"]["sparse_steps"] == 4
     assert sparse["stats"]["last_algorithm"] == "gtopk"
     assert sparse["final"]["bytes_sent"] < dense["final"]["bytes_sent"]
+
+
+@pytest.mark.mpi
+def test_half_precision_models_keep_replicas_identical(mpirun):
+    """bfloat16 and float16 models through DistributedOptimizer (flat, per layer,
+    momentum correction) and the DDP hook at P = 3: replicas identical, dtypes kept."""
+    pytest.importorskip("torch")
+    out = mpirun(3, "tests.mpi.torch_checks", "--cases", "half", timeout=180)
+    assert "torch_checks P=3:" in out and "  half       ok" in out

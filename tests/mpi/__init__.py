@@ -16,3 +16,21 @@ def abort_job(world, what: str, seed) -> int:
     sys.stderr.flush()
     world.Abort(1)
     return 1
+
+
+def run_cases(world, label: str, cases, seed=None) -> int:
+    """Run ``cases`` (name -> callable returning how many checks it made) in
+    order; rank 0 prints each ``  name  ok (n)`` and ``<label> P=<P>: <total>
+    cases passed``.  The first failure ends the job through ``abort_job``."""
+    total = 0
+    for name, case in cases.items():
+        try:
+            done = case()
+        except Exception:
+            return abort_job(world, f"{label} {name}", seed)
+        total += done
+        if world.Get_rank() == 0:
+            print(f"  {name:10s} ok ({done})", flush=True)
+    if world.Get_rank() == 0:
+        print(f"{label} P={world.Get_size()}: {total} cases passed", flush=True)
+    return 0

@@ -16,13 +16,15 @@ Cases (all by default; ``--cases a,b`` to pick):
               allreduce.
   broadcast   broadcast_parameters makes differently initialized replicas
               (parameters and buffers) equal to rank 0's.
+  half        bfloat16 and float16 models through DistributedOptimizer and the
+              DDP hook (gradients reduced in float32): identical replicas, the
+              parameters' dtype kept.
 Exits non-zero (aborting the job) on the first failure.
 """
 from __future__ import annotations
 
 import argparse
 import sys
-import traceback
 
 import torch
 from torch import nn
@@ -30,6 +32,7 @@ from torch import nn
 import autotune
 import autotune.torch as at
 from collectives import ALGORITHMS
+from tests.mpi import run_cases
 
 COMM = autotune.init()
 RANK, P = COMM.rank, COMM.size
@@ -168,7 +171,60 @@ def case_broadcast() -> int:
     return 2
 
 
-CASES = {"optimizer": case_optimizer, "ddp": case_ddp, "broadcast": case_broadcast}
+def case_half() -> int:
+    """A bfloat16 model (and a float16 one): its gradients are reduced in float32
+    and rounded back; replicas stay identical and the parameters keep their dtype,
+    through DistributedOptimizer (flat and per layer, with momentum correction) and
+    the DDP hook."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    at.init_process_group("gloo")
+    n = 0
+    for dtype in (torch.bfloat16, torch.float16):
+        for algorithm, flat, mc in (("dense", True, 0.0), ("oktopk", True, 0.0),
+                                    ("oktopk", False, 0.0), ("topka", True, 0.9)):
+            model = model_fn(seed=RANK).to(dtype)
+            at.broadcast_parameters(model)
+            start = at.state_digest(model)
+            check(len(set(all_digests(model))) == 1, f"half {dtype}: broadcast failed")
+            opt = at.DistributedOptimizer(
+                torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.0 if mc else 0.9),
+                named_parameters=model.named_parameters(), algorithm=algorithm,
+                density=0.05, flat=flat, warmup_steps=1, momentum=mc,
+                prefix=f"half.{dtype}.{algorithm}.{flat}.{mc}")
+            for step in range(STEPS):
+                x, y = batch(step, RANK)
+                opt.zero_grad()
+                loss_fn(model, x.to(dtype), y).backward()
+                opt.step()
+            what = f"half optimizer {dtype} {algorithm} flat={flat} momentum={mc}"
+            check(all(p.dtype == dtype for p in model.parameters()), f"{what}: dtype changed")
+            digests = all_digests(model)
+            check(len(set(digests)) == 1, f"{what}: replicas differ: {digests}")
+            check(digests[0] != start, f"{what}: nothing moved")
+            n += 1
+        for algorithm in ("dense", "oktopk"):
+            model = model_fn(seed=RANK).to(dtype)
+            net = DDP(model, bucket_cap_mb=0.001)
+            net.register_comm_hook(at.HookState(algorithm=algorithm, density=0.05,
+                                                prefix=f"half.ddp.{dtype}.{algorithm}"),
+                                   at.allreduce_hook)
+            opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+            for step in range(STEPS):
+                x, y = batch(step, RANK)
+                opt.zero_grad()
+                loss_fn(net, x.to(dtype), y).backward()
+                opt.step()
+            digests = all_digests(model)
+            check(len(set(digests)) == 1, f"half ddp {dtype} {algorithm}: replicas differ")
+            check(all(p.dtype == dtype for p in model.parameters()),
+                  f"half ddp {dtype} {algorithm}: dtype changed")
+            n += 1
+    return n
+
+
+CASES = {"optimizer": case_optimizer, "ddp": case_ddp, "broadcast": case_broadcast,
+         "half": case_half}
 
 
 def main(argv=None) -> int:
@@ -176,23 +232,8 @@ def main(argv=None) -> int:
     ap.add_argument("--cases", default=",".join(CASES))
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
-    total = 0
-    for name in args.cases.split(","):
-        try:
-            done = CASES[name]()
-        except Exception:
-            sys.stdout.flush()
-            print(f"[rank {RANK}] torch_checks case {name} FAILED at P={P}:", file=sys.stderr)
-            traceback.print_exc()
-            sys.stderr.flush()
-            COMM.comm.Abort(1)
-            return 1
-        total += done
-        if RANK == 0:
-            print(f"  {name:10s} ok ({done} runs)", flush=True)
-    if RANK == 0:
-        print(f"torch_checks P={P}: {total} cases passed", flush=True)
-    return 0
+    return run_cases(COMM.comm, "torch_checks",
+                     {name: CASES[name] for name in args.cases.split(",")})
 
 
 if __name__ == "__main__":
