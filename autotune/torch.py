@@ -25,6 +25,10 @@ gradients, so replicas that start identical stay identical.
        for x, y in shard:
            opt.zero_grad(); loss_fn(model(x), y).backward(); opt.step()
 
+Half-precision models (bfloat16, float16) work with both: their gradients are
+reduced in float32 (sparse residuals too) and rounded back to the parameters'
+dtype (``autotune._convert``).
+
 ``import autotune`` never imports torch; this module does.
 """
 # no ``from __future__ import annotations``: DDP checks the hook's return
