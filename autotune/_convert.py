@@ -23,14 +23,15 @@ class Adapter:
     """Remembers how to give an array back in the caller's type and shape.
 
     ``source`` is the input's dtype name when it was widened (a half type),
-    else None; ``contiguous`` whether the input itself was C-contiguous (a
-    widened copy always is, so validation asks the adapter).
+    else None; ``contiguous`` then says whether the input itself was
+    C-contiguous (a widened copy always is, so validation asks the adapter),
+    and is None otherwise (validation looks at the array, a view of the input).
     """
 
     __slots__ = ("kind", "shape", "source", "contiguous", "_cast")
 
     def __init__(self, kind: str, shape, source: str | None = None, cast=None,
-                 contiguous: bool = True):
+                 contiguous: bool | None = None):
         self.kind = kind
         self.shape = tuple(shape)
         self.source = source

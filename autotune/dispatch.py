@@ -249,14 +249,29 @@ def allreduce(tensor, *, name: str | None = None, algorithm: str = "auto",
         g = np.random.default_rng().standard_normal(1 << 20, dtype=np.float32)
         s = autotune.allreduce(g, name="fc1.weight", algorithm="oktopk", density=0.01)
     """
+    arr, adapter = as_array(tensor)
+    out = reduce_array(arr, name=name, algorithm=algorithm, density=density, op=op,
+                       tau_prime=tau_prime, tau=tau, source=adapter.source,
+                       contiguous=adapter.contiguous)
+    return adapter.back(out)
+
+
+def reduce_array(arr, *, name: str | None = None, algorithm: str = "auto",
+                 density: float | None = None, op: str = "sum", tau_prime: int | None = None,
+                 tau: int | None = None, source: str | None = None,
+                 contiguous: bool | None = None):
+    """``allreduce`` on a numpy or cupy array (``as_array``'s output), result
+    as an array of the same dtype.  ``source`` / ``contiguous``: the caller's
+    dtype and contiguity when ``arr`` is a widened copy of a half-precision
+    tensor (``autotune._convert.Adapter``), checked across ranks instead of
+    ``arr``'s."""
     if op not in ("sum", "mean"):
         raise ValueError(f"op must be 'sum' or 'mean', got {op!r}")
-    arr, adapter = as_array(tensor)
     comm = init()
     extra = {"tau": tau, "tau_prime": tau_prime}
     validated = False
     choice = None
-    seen = {"source": adapter.source, "contiguous": adapter.contiguous}
+    seen = {"source": source, "contiguous": contiguous}
     if algorithm == "auto":
         # validate first (collectively, name included), so that every rank
         # reaches the decision broadcast below, or every rank raises
@@ -268,7 +283,7 @@ def allreduce(tensor, *, name: str | None = None, algorithm: str = "auto",
         # choice); an exact choice takes none
         density = None if choice.density is None else (density or choice.density)
     algo = algorithm_instance(algorithm)
-    if adapter.source is not None and not validated:
+    if source is not None and not validated:
         # a widened half-precision input: the caller's dtype and contiguity are
         # checked (as the algorithm would check its own input's)
         validate(comm, arr, density=density if algo.lossy else None,
@@ -283,4 +298,4 @@ def allreduce(tensor, *, name: str | None = None, algorithm: str = "auto",
         choice.measured_s = dt if choice.measured_s is None else 0.9 * choice.measured_s + 0.1 * dt
     if op == "mean":
         out /= algo.comm.size
-    return adapter.back(out)
+    return out.reshape(arr.shape)

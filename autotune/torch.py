@@ -43,7 +43,6 @@ import numpy as np
 import torch
 
 from . import dispatch
-from ._convert import as_array
 from .training import SparseSGD
 
 __all__ = [
@@ -176,7 +175,7 @@ class _DistributedOptimizer:
     def synchronize(self) -> None:
         """Average all gradients over the ranks now (e.g. before clipping
         them); the next ``step()`` then does not reduce again."""
-        grads, widened = [], []
+        grads = []
         for group in self.param_groups:
             for p in group["params"]:
                 if not p.requires_grad:
@@ -188,13 +187,8 @@ class _DistributedOptimizer:
                 if p.grad.is_sparse:
                     raise TypeError(f"DistributedOptimizer: sparse gradient of "
                                     f"{self._autotune_names[id(p)]!r} is not supported")
-                arr, back = as_array(p.grad)
-                grads.append((self._autotune_names[id(p)], arr))
-                if back.source is not None:   # half precision: reduced in a float32 copy
-                    widened.append((p.grad, arr, back))
+                grads.append((self._autotune_names[id(p)], p.grad))
         self.sparse_sgd.synchronize(grads)
-        for grad, arr, back in widened:
-            grad.copy_(back.back(arr))
         self._autotune_synchronized = True
 
     def step(self, closure=None):
@@ -232,7 +226,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, *, algorithm: str = "
         algorithm: a name from ``collectives.ALGORITHMS`` or ``"auto"``.
         density: fraction of values a sparse algorithm sends.
         flat: one flat buffer per dtype for the whole model (True; as the
-            Ok-Topk reference code) or one allreduce per parameter.
+            Ok-Topk reference code; half-precision gradients go into a float32
+            buffer of their own) or one allreduce per parameter.
         warmup_steps: steps reduced densely first.
         prefix: tensor-name prefix (one per optimizer in a process).
         momentum: momentum correction (Deep Gradient Compression; see

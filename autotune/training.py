@@ -216,11 +216,23 @@ class SparseSGD:
             the average over ranks, of the input's type and shape (a new
             tensor; the input is not modified).  With momentum correction,
             the average of the ranks' velocities (what the step applies).
+            A half-precision input is reduced in float32 and the result
+            rounded to its dtype (``autotune.allreduce``).
         """
-        algorithm = self.current_algorithm
         name = f"{self.prefix}.{key}"
-        comm = dispatch.init()  # MPI start-up is not communication time
         arr, back = as_array(tensor)   # half precision: a float32 copy (and velocity)
+        return back.back(self._reduce(arr, name, back))
+
+    def _reduce(self, arr, name: str, back=None, *, source: str | None = None,
+                contiguous: bool | None = None):
+        """The step's average of ``arr`` (a numpy or cupy array) as an array of
+        ``arr``'s dtype: momentum, learning-rate folding and the algorithm of
+        this step.  ``back`` is the caller's adapter (``as_array``), or None
+        with the caller's ``source`` dtype and ``contiguous`` given directly."""
+        if back is not None:
+            source, contiguous = back.source, back.contiguous
+        algorithm = self.current_algorithm
+        comm = dispatch.init()  # MPI start-up is not communication time
         send = self._accumulate(arr, name) if self.momentum else arr
         if algorithm == "auto" and self.density_warmup and name not in self._decided:
             # decide at the target density, not at the warm-up's first (higher) one
@@ -233,14 +245,15 @@ class SparseSGD:
             if rate > 0:
                 self._lr_last = rate
             lr = self._lr_last        # the divisor: positive
-            send = send * max(rate, 0.0)   # a new tensor: the caller's (or velocity) stays
+            send = send * max(rate, 0.0)   # a new array: the caller's (or velocity) stays
         before = comm.traffic.total().bytes_sent
         t0 = time.perf_counter()
-        out = dispatch.allreduce(send, name=name, algorithm=algorithm,
-                                 density=self.current_density, op="mean",
-                                 tau_prime=self.tau_prime, tau=self.tau)
+        out = dispatch.reduce_array(send, name=name, algorithm=algorithm,
+                                    density=self.current_density, op="mean",
+                                    tau_prime=self.tau_prime, tau=self.tau,
+                                    source=source, contiguous=contiguous)
         if lr is not None:
-            out = out / lr
+            out = _divide(out, lr, back)
         self.comm_seconds += time.perf_counter() - t0
         self.bytes_sent += comm.traffic.total().bytes_sent - before
         self.last_algorithm = _resolved(algorithm, name)
@@ -250,7 +263,7 @@ class SparseSGD:
             u = self._velocity[name]
             res = dispatch.algorithm_instance(self.last_algorithm).state(name).residual
             u[(out.reshape(u.shape) != 0) & (res.reshape(u.shape) == 0)] = 0
-        return back.back(out)
+        return out
 
     def _accumulate(self, arr, name: str):
         """u = momentum * u + arr (a numpy or cupy array) for ``name``'s
@@ -278,53 +291,62 @@ class SparseSGD:
         """Replace each gradient by its average over ranks, in place; one step.
 
         Args:
-            named_grads: ``(name, array)`` pairs, numpy or cupy arrays (any
-                shape; views are fine: results are written back through
-                them), in the same order on every rank.  Names must be
-                unique and stable across steps.
+            named_grads: ``(name, gradient)`` pairs, numpy or cupy arrays or
+                torch tensors (any shape; views are fine: results are
+                written back through them), in the same order on every rank.
+                Names must be unique and stable across steps.  Half-precision
+                gradients are reduced in float32 (flat layout: one float32
+                buffer per half dtype) and written back rounded.
 
         Raises:
             ValueError: duplicate names, or (flat layout) a set of gradients
                 differing from the first step's, whose residual would no
                 longer line up.
         """
-        named = list(named_grads)
-        names = [n for n, _ in named]
+        named = [(name, g, *as_array(g)) for name, g in named_grads]
+        names = [item[0] for item in named]
         if len(set(names)) != len(names):
             raise ValueError("synchronize: gradient names must be unique")
         if self.flat:
             groups: dict = {}
-            for name, g in named:
-                groups.setdefault(np.dtype(g.dtype).name, []).append((name, g))
+            for item in named:   # by the caller's dtype: a half dtype has its own buffer
+                groups.setdefault(item[3].source or np.dtype(item[2].dtype).name, []).append(item)
             for dt, items in groups.items():
                 self._reduce_flat(dt, items)
         else:
-            for name, g in named:
-                g[...] = self.allreduce(_contiguous(g), name)
+            for name, g, arr, back in named:
+                # a contiguous copy when needed (a view's layout is the caller's
+                # business here), divided by the rate as an array
+                out = self._reduce(_contiguous(arr), f"{self.prefix}.{name}",
+                                   source=back.source)
+                _store(g, arr, back, out)
         self.advance()
 
     def _reduce_flat(self, dt: str, items) -> None:
-        layout = tuple((name, tuple(g.shape)) for name, g in items)
+        layout = tuple((name, tuple(arr.shape)) for name, _, arr, _ in items)
         buf = self._buffers.get(dt)
         if buf is None:
             n = sum(int(np.prod(s, dtype=np.int64)) for _, s in layout)
-            xp = kernels.array_module(items[0][1])
-            buf = self._buffers[dt] = (layout, xp.empty(n, dtype=dt))
+            ref = items[0][2]
+            xp = kernels.array_module(ref)
+            buf = self._buffers[dt] = (layout, xp.empty(n, dtype=ref.dtype))
         if buf[0] != layout:
             raise ValueError(
                 f"synchronize: the {dt} gradients differ from the first step's "
                 "(names or shapes); the flat residual is laid out for those")
         flat = buf[1]
         off = 0
-        for _, g in items:
-            m = g.size
-            flat[off:off + m] = g.reshape(-1)
+        for _, _, arr, _ in items:
+            m = arr.size
+            flat[off:off + m] = arr.reshape(-1)
             off += m
-        out = self.allreduce(flat, f"flat.{dt}")
+        source = items[0][3].source
+        out = self._reduce(flat, f"{self.prefix}.flat.{dt}", source=source,
+                           contiguous=True if source else None)
         off = 0
-        for _, g in items:
-            m = g.size
-            g[...] = out[off:off + m].reshape(g.shape)
+        for _, g, arr, back in items:
+            m = arr.size
+            _store(g, arr, back, out[off:off + m])
             off += m
 
     def stats(self) -> dict:
@@ -347,6 +369,29 @@ def _resolved(algorithm: str, name: str) -> str:
         if key and key[0] == name:
             return choice.algorithm
     return algorithm
+
+
+def _divide(out, lr: float, back):
+    """``out / lr`` as the caller's framework computes it (torch on CUDA divides
+    by a scalar as a multiplication by its inverse: keep its rounding), except
+    for a widened half-precision input, divided in float32 before rounding."""
+    if back is None or back.kind != "torch" or back.source is not None:
+        return out / lr
+    return as_array(back.back(out) / lr)[0].reshape(out.shape)
+
+
+def _store(g, arr, back, out) -> None:
+    """Write ``out`` into the caller's gradient ``g`` (``arr, back = as_array(g)``)."""
+    out = out.reshape(arr.shape)
+    if back.source is None:
+        arr[...] = out                 # arr views g
+    elif back.kind == "torch":
+        import torch
+
+        with torch.no_grad():          # a gradient write is not part of any graph
+            g.copy_(back.back(out))    # rounded to g's half dtype
+    else:
+        g[...] = out                   # numpy / cupy: rounded on assignment
 
 
 def _contiguous(a):

@@ -12,7 +12,8 @@ For every registered algorithm the backend supports, through ``autotune.allreduc
     same inputs (under another name) rounded to the input's dtype; a sparse
     algorithm's residual is float32;
   * float16 on one rank and float32 (or bfloat16) on the others, and a non-contiguous
-    half-precision tensor, raise the same error on every rank.
+    half-precision tensor, raise the same error on every rank; so does a non-contiguous
+    float32 tensor through ``auto`` and ``resolve``.
 Exits non-zero (aborting the job) on the first failure.
 """
 from __future__ import annotations
@@ -161,6 +162,14 @@ def case_errors(array: str, rng) -> int:
                                                     density=DENSITY),
                          ValueError, "not contiguous", f"{kind.label} non-contiguous {alg}")
             n += 1
+    # float32 itself: a non-contiguous view raises through auto and resolve too
+    # (validation looks at the array unless the input was widened)
+    x32 = ks[0].widen(ks[0].make(x)).T
+    for fn, what in ((lambda: autotune.allreduce(x32, name="nc32"), "auto"),
+                     (lambda: autotune.dispatch.resolve(x32, name="nc32"), "resolve"),
+                     (lambda: autotune.allreduce(x32, algorithm="dense"), "dense")):
+        expect_error(fn, ValueError, "not contiguous", f"float32 non-contiguous {what}")
+        n += 1
     torch_kinds = [k for k in ks if k.module == "torch"]
     if len(torch_kinds) == 2 and P > 1:   # float16 on rank 0, bfloat16 elsewhere
         a, b = torch_kinds

@@ -203,6 +203,21 @@ def case_half() -> int:
             check(len(set(digests)) == 1, f"{what}: replicas differ: {digests}")
             check(digests[0] != start, f"{what}: nothing moved")
             n += 1
+        if P > 1:   # a half model on rank 0 only: every rank raises, none hangs
+            model = model_fn(seed=0).to(dtype if RANK == 0 else torch.float32)
+            opt = at.DistributedOptimizer(
+                torch.optim.SGD(model.parameters(), lr=0.1),
+                named_parameters=model.named_parameters(), algorithm="oktopk",
+                density=0.05, prefix=f"half.mixed.{dtype}")
+            x, y = batch(0, RANK)
+            loss_fn(model, x.to(next(model.parameters()).dtype), y).backward()
+            try:
+                opt.step()
+            except ValueError as e:
+                check("differs across ranks" in str(e), f"half mixed {dtype}: {e}")
+            else:
+                raise AssertionError(f"half mixed {dtype}: no error")
+            n += 1
         for algorithm in ("dense", "oktopk"):
             model = model_fn(seed=RANK).to(dtype)
             net = DDP(model, bucket_cap_mb=0.001)
