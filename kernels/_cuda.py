@@ -150,6 +150,29 @@ __device__ __forceinline__ u32 warp_incl_scan(u32 v, const int lane) {
 }
 
 __device__ __forceinline__ u32 byte_of(const u32 w, const int q) { return (w >> (8 * q)) & 0xffu; }
+
+// One warp over a histogram of nb bins (a multiple of 32): the bin holding the
+// k-th largest key, scanning from the top.  On the lane that finds it: returns
+// the bin, with *krem = k less the keys in higher bins and *cnt = the bin's
+// count.  Other lanes return -1; every lane returns -2 if fewer than k keys.
+__device__ __forceinline__ int warp_kth_bin(const u32* hist, const int nb, const u32 k,
+                                            const int lane, u32* krem, u32* cnt) {
+    u32 run = 0u;
+    for (int top = nb - 1; top >= 0; top -= 32) {
+        const int bin = top - lane;
+        const u32 h = hist[bin];
+        const u32 incl = run + warp_incl_scan(h, lane);
+        const u32 hit = __ballot_sync(FULL, incl >= k);
+        if (hit) {
+            if (lane != __ffs(hit) - 1) return -1;
+            *krem = k - (incl - h);
+            *cnt = h;
+            return bin;
+        }
+        run = __shfl_sync(FULL, incl, 31);
+    }
+    return -2;
+}
 __device__ __forceinline__ u32 byte_sum(const u32 w) {
     return (w & 0xffu) + ((w >> 8) & 0xffu) + ((w >> 16) & 0xffu) + (w >> 24);
 }
@@ -834,32 +857,20 @@ tk_find(const u32* __restrict__ hist, const int nbits, const int shift,
         u32* st, const u32 k_init, const int pass)
 {
     const int lane = threadIdx.x;
-    const int nb = 1 << nbits;
     const u32 k = (pass == 1) ? k_init : st[S_KREM];
-    u32 run = 0;
-    for (int top = nb - 1; top >= 0; top -= 32) {
-        const int bin = top - lane;
-        const u32 h = hist[bin];
-        const u32 incl = run + warp_incl_scan(h, lane);
-        const u32 hit = __ballot_sync(FULL, incl >= k);
-        if (hit) {
-            if (lane == __ffs(hit) - 1) {
-                const u32 prefix = st[S_PREFIX] | ((u32)bin << shift);
-                const u32 krem = k - (incl - h);
-                st[S_PREFIX] = prefix;
-                st[S_KREM] = krem;
-                st[S_BINCNT] = h;
-                if (pass == 3) {
-                    st[S_P_ABOVE] = prefix + 1u;   // strictly above the k-th key
-                    st[S_P_TIE] = prefix;          // ties at the k-th key
-                    st[S_P_NEED] = krem;           // how many ties to take
-                }
-            }
-            return;
-        }
-        run = __shfl_sync(FULL, incl, 31);
+    u32 krem, h;
+    const int bin = warp_kth_bin(hist, 1 << nbits, k, lane, &krem, &h);
+    if (bin == -2 && lane == 0) st[S_ERR] = 1u;    // fewer than k keys: a bug
+    if (bin < 0) return;
+    const u32 prefix = st[S_PREFIX] | ((u32)bin << shift);
+    st[S_PREFIX] = prefix;
+    st[S_KREM] = krem;
+    st[S_BINCNT] = h;
+    if (pass == 3) {
+        st[S_P_ABOVE] = prefix + 1u;               // strictly above the k-th key
+        st[S_P_TIE] = prefix;                      // ties at the k-th key
+        st[S_P_NEED] = krem;                       // how many ties to take
     }
-    if (lane == 0) st[S_ERR] = 1u;                 // fewer than k keys: a bug
 }
 
 // ---- exact top-k of a small array, one block ---------------------------------
@@ -908,21 +919,11 @@ tk_small(const float* __restrict__ val, const int* __restrict__ idx, const int m
         }
         __syncthreads();
         if (tid < 32) {                            // one warp: the bin of the k-th key
-            const u32 kr = s_krem;
-            u32 run = 0u;
-            for (int top = 255; top >= 0; top -= 32) {
-                const int bin = top - tid;
-                const u32 h = hist[bin];
-                const u32 incl = run + warp_incl_scan(h, tid);
-                const u32 hit = __ballot_sync(FULL, incl >= kr);
-                if (hit) {
-                    if (tid == __ffs(hit) - 1) {
-                        s_prefix = prefix | ((u32)bin << shift);
-                        s_krem = kr - (incl - h);
-                    }
-                    break;
-                }
-                run = __shfl_sync(FULL, incl, 31);
+            u32 krem, h;
+            const int bin = warp_kth_bin(hist, 256, s_krem, tid, &krem, &h);
+            if (bin >= 0) {
+                s_prefix = prefix | ((u32)bin << shift);
+                s_krem = krem;
             }
         }
         __syncthreads();

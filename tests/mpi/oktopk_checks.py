@@ -29,14 +29,13 @@ import argparse
 import itertools
 import math
 import sys
-import zlib
 
 import numpy as np
 from mpi4py import MPI
 
 import kernels
 from collectives import MPICommunicator, OkTopk
-from tests.mpi import abort_job
+from tests.mpi import abort_job, identical
 from collectives._oktopk import _budgets, _global_kth
 
 WORLD = MPI.COMM_WORLD
@@ -46,11 +45,6 @@ RANK, P = WORLD.Get_rank(), WORLD.Get_size()
 def check(cond, msg):
     if not cond:
         raise AssertionError(msg)
-
-
-def identical(out) -> bool:
-    h = zlib.crc32(np.ascontiguousarray(out).view(np.uint8))
-    return len(set(WORLD.allgather(h))) == 1
 
 
 def payload(traffic):
@@ -96,7 +90,7 @@ def case_boundaries(rng):
             algo = OkTopk(comm, tau=4, tau_prime=4, residuals=rule)
         x = (rng.standard_normal(n).astype(np.float32) * ramp)
         out = algo(x, name="t", density=density)
-        check(identical(out), "outputs differ across ranks")
+        check(identical(WORLD, out), "outputs differ across ranks")
         st = algo.state("t")
         b = st.boundaries
         check(len(set(WORLD.allgather(tuple(b)))) == 1, f"boundaries differ across ranks: {b}")
@@ -217,7 +211,7 @@ def _run_bounded(algo, xs_fn, iters, density, n, label, budget=None):
     for it in range(iters):
         x = xs_fn(it)
         out = algo(x, name="t", density=density)
-        check(identical(out), f"{label}: outputs differ across ranks (it {it})")
+        check(identical(WORLD, out), f"{label}: outputs differ across ranks (it {it})")
         s, r = payload(algo.last_traffic)
         if k >= P:
             check(s <= 4 * words and r <= 4 * words,
@@ -349,7 +343,7 @@ def case_adaptive(rng):
     _run_bounded(algo, lambda it: rng.standard_t(3, n).astype(np.float32), 40, density, n,
                  "adaptive")
     st = algo.state("t")
-    check(identical(np.array([st.global_threshold, *(st.global_control or (0.0, 0))])),
+    check(identical(WORLD, np.array([st.global_threshold, *(st.global_control or (0.0, 0))])),
           "adaptive: global threshold or its control state differ across ranks")
 
 
