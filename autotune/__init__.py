@@ -6,11 +6,13 @@
 """
 from importlib.metadata import PackageNotFoundError, version as _version
 
-from .dispatch import algorithm_instance, allreduce, decisions, init
+from .dispatch import (algorithm_instance, allreduce, communicator, decisions, init,
+                       print_decisions, resolve)
 
 try:
     __version__ = _version("autotune-collectives")
 except PackageNotFoundError:  # running from a source tree
     __version__ = "0.0.0+src"
 
-__all__ = ["__version__", "algorithm_instance", "allreduce", "decisions", "init"]
+__all__ = ["__version__", "algorithm_instance", "allreduce", "communicator", "decisions", "init",
+           "print_decisions", "resolve"]

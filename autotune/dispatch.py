@@ -11,11 +11,14 @@ needs a stable name to keep its residual under.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
+import warnings
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -30,30 +33,72 @@ DEFAULT_ALGORITHM = "dense"
 DEFAULT_DENSITY = 0.01
 
 
+class Key(NamedTuple):
+    """What an auto decision is cached under."""
+
+    name: str | None
+    shape: tuple
+    dtype: str
+    P: int
+    device: str
+
+
 @dataclass
 class Choice:
-    """A cached decision, with what was predicted and what was measured."""
+    """A cached decision, with what was predicted and what was measured.
+
+    ``str(choice)`` is one readable line; ``explanation`` (the selector's
+    table of candidates) is left out of the repr.
+    """
 
     algorithm: str
     density: float | None
     predicted_s: float | None = None
     measured_s: float | None = None
     calls: int = 0
-    explanation: str = ""
+    explanation: str = field(default="", repr=False)
+
+    def __str__(self) -> str:
+        ms = lambda s: "-" if s is None else f"{1e3 * s:.3f} ms"  # noqa: E731
+        dens = "" if self.density is None else f" at density {self.density:g}"
+        return (f"{self.algorithm}{dens}: predicted {ms(self.predicted_s)}, "
+                f"measured {ms(self.measured_s)} over {self.calls} call(s)")
 
 
 _STATE: dict = {"comm": None, "algos": {}, "selector": None, "profile": None, "choices": {},
                 "options": {}}
 
+#: environment variables that change what the library does; they must agree across ranks
+#: (AUTOTUNE_PROFILE is agreed with the profile itself)
+ENV_PREFIX = "AUTOTUNE_"
+
+
+def communicator():
+    """The library's Communicator, set up on first use (``init()`` with no
+    arguments: a duplicate of MPI's world communicator).  Collective the first time."""
+    if _STATE["comm"] is None:
+        init()
+    return _STATE["comm"]
+
 
 def init(comm=None, *, profile=None, options: dict | None = None):
     """Set up the communicator (MPI world by default) and, optionally, a profile.
 
+    Collective: every rank calls it, with the same arguments.  Whatever must
+    agree across ranks is checked here in one small allgather, and a problem
+    on any rank raises the same error on every rank: the profile (loaded and
+    validated by rank 0, which decides; ranks given a profile must give the
+    same one, ranks given none use rank 0's), the options, and the
+    ``AUTOTUNE_*`` environment variables.
+
     Args:
-        comm: a ``collectives.Communicator`` or an ``mpi4py`` communicator.
+        comm: a ``collectives.Communicator`` or an ``mpi4py`` communicator
+            (default ``MPI.COMM_WORLD``).  An mpi4py communicator is
+            duplicated once here: the library never talks on the caller's.
         profile: path to a profile JSON (or an autotune.profile.Profile) that
             ``algorithm="auto"`` decides from; default ``$AUTOTUNE_PROFILE``.
-            Only rank 0's profile matters: it decides and broadcasts.
+            A profile measured on another machine is used, with a warning
+            (rank 0, once).
         options: constructor keywords per algorithm, e.g.
             ``{"oktopk": {"residuals": "owner", "budget": 2.0}}``; they must
             agree across ranks (checked: every rank raises otherwise).  An
@@ -61,33 +106,97 @@ def init(comm=None, *, profile=None, options: dict | None = None):
             residuals are dropped), so set them before the first call.
     Returns:
         the Communicator in use.
+
+    Raises:
+        ProfileError: the profile is missing, unreadable or invalid (on any rank).
+        ValueError: profiles, options or environment differ across ranks.
     """
-    if comm is None and _STATE["comm"] is not None and profile is None and options is None:
-        return _STATE["comm"]
     if comm is None:
         comm = _STATE["comm"] or collectives.MPICommunicator()
     elif not isinstance(comm, collectives.Communicator):
         comm = collectives.MPICommunicator(comm)
     if comm is not _STATE["comm"]:
         _STATE.update(comm=comm, algos={}, choices={})
+    if profile is None:
+        profile = os.environ.get("AUTOTUNE_PROFILE") or None
+    _agree_setup(comm, profile)
     if options is not None:
         _set_options(comm, options)
-    profile = profile if profile is not None else os.environ.get("AUTOTUNE_PROFILE")
-    if profile is not None and comm.rank == 0:
-        from .profile import Profile
-        from .selector import Selector
-
-        prof = profile if isinstance(profile, Profile) else Profile.load(profile)
-        _STATE["profile"] = prof
-        _STATE["selector"] = Selector(prof.data)
-        _STATE["choices"] = {}
     return comm
+
+
+def _env_digest() -> tuple[int, list[str]]:
+    items = sorted((k, v) for k, v in os.environ.items()
+                   if k.startswith(ENV_PREFIX) and k != "AUTOTUNE_PROFILE")
+    return zlib.crc32(repr(items).encode()) & 0x7FFFFFFF, [f"{k}={v}" for k, v in items]
+
+
+def _profile_digest(data) -> int:
+    return zlib.crc32(json.dumps(data, sort_keys=True).encode()) & 0x7FFFFFFF
+
+
+def _agree_setup(comm, profile) -> None:
+    """Load the profile (rank 0) and agree on it and the environment in one
+    allgather; every rank raises the same error or every rank goes on."""
+    from .profile import Profile, ProfileError
+
+    prof = selector = error = None
+    digest = 0
+    if profile is not None:
+        try:
+            if comm.rank == 0:
+                from .profile import local_fingerprint
+                from .selector import Selector
+
+                prof = profile if isinstance(profile, Profile) else Profile.load(
+                    profile, current=local_fingerprint())
+                selector = Selector(prof.data)
+                digest = _profile_digest(prof.data)
+            elif isinstance(profile, Profile):
+                digest = _profile_digest(profile.data)
+            else:
+                digest = _profile_digest(Profile.read_json(profile))
+        except (ProfileError, ValueError, TypeError, OSError) as e:
+            error = e
+    env, env_items = _env_digest()
+    mine = [int(profile is not None), digest, int(error is not None), env]
+    table = comm.allgather_ints(mine) if comm.size > 1 else np.asarray([mine], dtype=np.int64)
+    bad = np.flatnonzero(table[:, 2])
+    if bad.size:
+        first = int(bad[0])
+        msg = (str(getattr(error, "path", profile)), getattr(error, "what", str(error))) \
+            if comm.rank == first else None
+        path, what = comm.bcast_obj(msg, first) if comm.size > 1 else msg
+        where = f" (on rank {first})" if comm.size > 1 else ""
+        raise ProfileError(path, what + where)
+    given = np.flatnonzero(table[:, 0])
+    if given.size and table[0, 0] == 0:
+        raise ValueError(f"autotune.init: a profile was given on rank(s) {given.tolist()} but not "
+                         f"on rank 0, which decides")
+    differ = [int(r) for r in given if table[r, 1] != table[0, 1]]
+    if differ:
+        raise ValueError(f"autotune.init: the profile differs from rank 0's on rank(s) {differ} "
+                         f"(this rank: {profile})")
+    if (table[:, 3] != table[0, 3]).any():
+        bad = np.flatnonzero(table[:, 3] != table[0, 3]).tolist()
+        raise ValueError(f"autotune.init: {ENV_PREFIX}* environment variables differ from "
+                         f"rank 0's on rank(s) {bad} (this rank: {env_items or 'none set'})")
+    if prof is not None:
+        _STATE.update(profile=prof, selector=selector, choices={})
+        if prof.foreign and prof.path not in _WARNED:
+            _WARNED.add(prof.path)
+            warnings.warn(f"autotune: profile {prof.path} was measured on another machine ("
+                          + "; ".join(prof.foreign) + "): its decisions may not suit this one",
+                          stacklevel=3)
+
+
+_WARNED: set = set()
 
 
 def algorithm_instance(name: str):
     """The per-process instance of a registered algorithm (it holds the
     error-feedback states of all tensors that use it)."""
-    comm = init()
+    comm = communicator()
     algos = _STATE["algos"]
     if name not in algos:
         if name not in ALGORITHMS:
@@ -161,32 +270,56 @@ def _set_options(comm, options: dict) -> None:
 
 
 def decisions() -> dict:
-    """The cached auto decisions: key -> Choice (predicted and measured time)."""
+    """The cached auto decisions: :class:`Key` -> :class:`Choice` (``str()`` of a
+    Choice is one readable line; ``print_decisions()`` prints them all)."""
     return dict(_STATE["choices"])
 
 
-def _decide(comm, key, n: int, name, density) -> Choice:
+def print_decisions(file=None) -> None:
+    """One line per cached decision: tensor, shape, P, device -> choice."""
+    for key, choice in _STATE["choices"].items():
+        print(f"{key.name or '(unnamed)'} {key.shape} {key.dtype} P={key.P} {key.device}: "
+              f"{choice}", file=file)
+
+
+def _decide(comm, n: int, name, density) -> Choice:
+    """Rank 0 asks the selector and broadcasts; an error there is raised on every rank."""
     sel = _STATE["selector"]
+    msg = None
     if comm.rank == 0:
-        if sel is None:
-            choice = Choice(DEFAULT_ALGORITHM, None, explanation="no profile: default dense")
-        else:
-            runnable = [a for a in sel.algorithms if a in ALGORITHMS and ALGORITHMS[a].supports(comm)]
-            d = sel.choose(n, comm.size, density or DEFAULT_DENSITY, lossy_ok=name is not None,
-                           candidates=runnable)
-            lossy = ALGORITHMS[d.algorithm].lossy
-            choice = Choice(d.algorithm, (density or DEFAULT_DENSITY) if lossy else None,
-                            d.predicted_s[d.algorithm], explanation=d.explain())
-        msg = (choice.algorithm, choice.density, choice.predicted_s, choice.explanation)
-    else:
-        msg = None
-    algorithm, dens, pred, why = comm.bcast_obj(msg, 0)
+        try:
+            if sel is None:
+                choice = Choice(DEFAULT_ALGORITHM, None, explanation="no profile: default dense")
+            else:
+                runnable = [a for a in sel.algorithms
+                            if a in ALGORITHMS and ALGORITHMS[a].supports(comm)]
+                d = sel.choose(n, comm.size, density or DEFAULT_DENSITY,
+                               lossy_ok=name is not None, candidates=runnable)
+                lossy = ALGORITHMS[d.algorithm].lossy
+                choice = Choice(d.algorithm, (density or DEFAULT_DENSITY) if lossy else None,
+                                d.predicted_s[d.algorithm], explanation=d.explain())
+            msg = ("ok", choice.algorithm, choice.density, choice.predicted_s, choice.explanation)
+        except Exception as e:  # noqa: BLE001 - raised again on every rank below
+            msg = ("error", f"{type(e).__name__}: {e}", None, None, None)
+    status, algorithm, dens, pred, why = comm.bcast_obj(msg, 0) if comm.size > 1 else msg
+    if status != "ok":
+        raise RuntimeError(f"autotune: rank 0 could not decide for {name!r}: {algorithm}")
     return Choice(algorithm, dens, pred, explanation=why)
 
 
-def _key(comm, name, arr):
+def _key(comm, name, arr) -> Key:
     device = "gpu" if type(arr).__module__.startswith("cupy") else "cpu"
-    return (name, tuple(arr.shape), str(arr.dtype), comm.size, device)
+    return Key(name, tuple(arr.shape), str(arr.dtype), comm.size, device)
+
+
+def _as_array_or_problem(tensor):
+    """``as_array``, with an unusable input turned into a problem that
+    validation reports on every rank (instead of raising on this rank alone)."""
+    try:
+        arr, adapter = as_array(tensor)
+        return arr, adapter, None
+    except TypeError as e:
+        return None, None, e
 
 
 def resolve(tensor, *, name: str | None = None, density: float | None = None) -> Choice:
@@ -199,18 +332,22 @@ def resolve(tensor, *, name: str | None = None, density: float | None = None) ->
     target density first, and later calls reuse that algorithm at their own
     density.
     """
-    arr, adapter = as_array(tensor)
-    comm = init()
-    validate(comm, arr, density=density, tag=name or "", source=adapter.source,
-             contiguous=adapter.contiguous)
+    comm = communicator()
+    arr, adapter, problem = _as_array_or_problem(tensor)
+    validate(comm, arr, density=density, tag=_tag(name), call="auto/resolve", problem=problem,
+             source=adapter and adapter.source, contiguous=adapter and adapter.contiguous)
     return _resolve_validated(comm, arr, name, density)
+
+
+def _tag(name) -> str:
+    return "" if name is None else f"{type(name).__name__}:{name}"
 
 
 def _resolve_validated(comm, arr, name, density) -> Choice:
     key = _key(comm, name, arr)
     choice = _STATE["choices"].get(key)
     if choice is None:
-        choice = _STATE["choices"][key] = _decide(comm, key, arr.size, name, density)
+        choice = _STATE["choices"][key] = _decide(comm, arr.size, name, density)
         log.info("autotune: %s %s -> %s (predicted %s s)", name, arr.shape, choice.algorithm,
                  choice.predicted_s)
     return choice
@@ -220,6 +357,10 @@ def allreduce(tensor, *, name: str | None = None, algorithm: str = "auto",
               density: float | None = None, op: str = "sum", tau_prime: int | None = None,
               tau: int | None = None):
     """Sum ``tensor`` over all ranks (``op="mean"`` divides by P).
+
+    Collective: every rank calls it with the same shape, dtype, name,
+    algorithm, op and parameters.  A problem on any rank (bad input, a
+    disagreement, an unknown algorithm) raises the same error on every rank.
 
     Args:
         tensor: numpy array, cupy array or torch tensor (any shape; float32 or
@@ -249,48 +390,61 @@ def allreduce(tensor, *, name: str | None = None, algorithm: str = "auto",
         g = np.random.default_rng().standard_normal(1 << 20, dtype=np.float32)
         s = autotune.allreduce(g, name="fc1.weight", algorithm="oktopk", density=0.01)
     """
-    arr, adapter = as_array(tensor)
+    comm = communicator()
+    arr, adapter, problem = _as_array_or_problem(tensor)
     out = reduce_array(arr, name=name, algorithm=algorithm, density=density, op=op,
-                       tau_prime=tau_prime, tau=tau, source=adapter.source,
-                       contiguous=adapter.contiguous)
+                       tau_prime=tau_prime, tau=tau, source=adapter and adapter.source,
+                       contiguous=adapter and adapter.contiguous, problem=problem, comm=comm)
     return adapter.back(out)
+
+
+def _call_problem(comm, algorithm, op) -> Exception | None:
+    """What is wrong with ``algorithm`` / ``op`` on this rank (reported collectively)."""
+    if op not in ("sum", "mean"):
+        return ValueError(f"op must be 'sum' or 'mean', got {op!r}")
+    if algorithm == "auto":
+        return None
+    if not isinstance(algorithm, str) or algorithm not in ALGORITHMS:
+        return ValueError(f"unknown algorithm {algorithm!r}; registered: "
+                          f"{sorted(ALGORITHMS)} or 'auto'")
+    if not ALGORITHMS[algorithm].supports(comm):
+        cls = ALGORITHMS[algorithm]
+        return RuntimeError(f"algorithm {algorithm!r} needs a {' or '.join(cls.backends)} "
+                            f"communicator, got {comm.backend!r}")
+    return None
 
 
 def reduce_array(arr, *, name: str | None = None, algorithm: str = "auto",
                  density: float | None = None, op: str = "sum", tau_prime: int | None = None,
                  tau: int | None = None, source: str | None = None,
-                 contiguous: bool | None = None):
+                 contiguous: bool | None = None, problem: Exception | None = None, comm=None):
     """``allreduce`` on a numpy or cupy array (``as_array``'s output), result
     as an array of the same dtype.  ``source`` / ``contiguous``: the caller's
     dtype and contiguity when ``arr`` is a widened copy of a half-precision
     tensor (``autotune._convert.Adapter``), checked across ranks instead of
-    ``arr``'s."""
-    if op not in ("sum", "mean"):
-        raise ValueError(f"op must be 'sum' or 'mean', got {op!r}")
-    comm = init()
+    ``arr``'s.  ``problem``: an error the caller found on this rank (raised
+    on every rank)."""
+    comm = comm or communicator()
     extra = {"tau": tau, "tau_prime": tau_prime}
-    validated = False
+    problem = problem or _call_problem(comm, algorithm, op)
+    lossy = algorithm == "auto" or (problem is None and ALGORITHMS[algorithm].lossy)
+    check_finite = problem is not None or algorithm == "auto" or \
+        algorithm_instance(algorithm).check_finite
+    # one collective check of everything that must agree (the algorithm's name and
+    # the op included), so that every rank runs the same thing or every rank raises
+    validate(comm, arr, density=density if lossy else None, check_finite=check_finite,
+             tag=_tag(name), params=extra if lossy else None, source=source,
+             contiguous=contiguous, call=f"{algorithm}/{op}", problem=problem)
     choice = None
-    seen = {"source": source, "contiguous": contiguous}
     if algorithm == "auto":
-        # validate first (collectively, name included), so that every rank
-        # reaches the decision broadcast below, or every rank raises
-        validate(comm, arr, density=density, tag=name or "", params=extra, **seen)
-        validated = True
         choice = _resolve_validated(comm, arr, name, density)
         algorithm = choice.algorithm
         # the call's density wins over the one the decision was made at (a lossy
         # choice); an exact choice takes none
         density = None if choice.density is None else (density or choice.density)
     algo = algorithm_instance(algorithm)
-    if source is not None and not validated:
-        # a widened half-precision input: the caller's dtype and contiguity are
-        # checked (as the algorithm would check its own input's)
-        validate(comm, arr, density=density if algo.lossy else None,
-                 check_finite=algo.check_finite, params=extra if algo.lossy else None, **seen)
-        validated = True
     t0 = time.perf_counter()
-    out = algo(arr, name=name, density=density, validated=validated,
+    out = algo(arr, name=name, density=density, validated=True,
                **(extra if algo.lossy else {}))
     if choice is not None:
         choice.calls += 1

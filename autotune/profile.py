@@ -190,9 +190,9 @@ def local_fingerprint(*, device: str | None = None, network: str | None = None,
 
 def _mpi_library_quiet() -> str | None:
     try:
-        import collectives
+        from collectives import mpi_library_version
 
-        return collectives.MPICommunicator().library_version()
+        return mpi_library_version()
     except Exception:
         return None
 
@@ -492,6 +492,21 @@ class Profile:
             ProfileError: unreadable, corrupt, truncated, wrong schema or
                 version, missing or mistyped field, or (strict) foreign.
         """
+        prof = cls(cls.read_json(path), path)
+        if current is not None:
+            prof.foreign = prof.matches_current(current)
+            if strict and prof.foreign:
+                raise ProfileError(path, "profile is from another machine: "
+                                         + "; ".join(prof.foreign))
+        return prof
+
+    @staticmethod
+    def read_json(path):
+        """The JSON document in ``path``, parsed but not validated (never executes code).
+
+        Raises:
+            ProfileError: missing, unreadable, not UTF-8, empty, truncated or not JSON.
+        """
         path = Path(path)
         try:
             raw = path.read_bytes()
@@ -505,13 +520,7 @@ class Profile:
             text = raw.decode("utf-8")
         except UnicodeDecodeError:
             raise ProfileError(path, "not a text file (not UTF-8): is it a JSON profile?") from None
-        prof = cls(_parse(text, path), path)
-        if current is not None:
-            prof.foreign = prof.matches_current(current)
-            if strict and prof.foreign:
-                raise ProfileError(path, "profile is from another machine: "
-                                         + "; ".join(prof.foreign))
-        return prof
+        return _parse(text, path)
 
     def to_json(self) -> str:
         return json.dumps(_round_floats(self.data), indent=1, allow_nan=False) + "\n"

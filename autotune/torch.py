@@ -42,6 +42,8 @@ import zlib
 import numpy as np
 import torch
 
+from collectives import agree
+
 from . import dispatch
 from .training import SparseSGD
 
@@ -75,7 +77,7 @@ def init_process_group(backend: str = "gloo", **kwargs) -> None:
 
     if dist.is_initialized():
         return
-    comm = dispatch.init()
+    comm = dispatch.communicator()
     addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
     port = os.environ.get("MASTER_PORT")
     if port is None:
@@ -258,6 +260,30 @@ def DistributedOptimizer(optimizer, named_parameters=None, *, algorithm: str = "
             around an optimizer that has momentum itself, or ``fold_lr``
             with parameter groups of different learning rates.
     """
+    names, problem = None, None
+    try:
+        names = _parameter_names(optimizer, named_parameters, momentum)
+        if fold_lr:
+            current_lr(optimizer)
+    except ValueError as e:
+        problem = e
+    agree(dispatch.communicator(), problem)  # a bad argument on one rank raises on all
+    base = type(optimizer)
+    cls = type(base.__name__, (_DistributedOptimizer, base), {"__module__": base.__module__})
+    new = object.__new__(cls)
+    new.__dict__.update(optimizer.__dict__)
+    new._autotune_names = names
+    new._autotune_synchronized = False
+    new.sparse_sgd = SparseSGD(algorithm=algorithm, density=density,
+                               warmup_steps=warmup_steps, flat=flat, prefix=prefix,
+                               momentum=momentum, density_warmup=density_warmup,
+                               tau_prime=tau_prime, tau=tau,
+                               learning_rate=(lambda: current_lr(new)) if fold_lr else None)
+    return new
+
+
+def _parameter_names(optimizer, named_parameters, momentum) -> dict:
+    """id(parameter) -> its name, for ``DistributedOptimizer`` (ValueError on a bad argument)."""
     if isinstance(optimizer, _DistributedOptimizer):
         raise ValueError("optimizer is already a DistributedOptimizer")
     if momentum and any(g.get("momentum", 0) or g.get("betas") for g in optimizer.param_groups):
@@ -277,20 +303,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, *, algorithm: str = "
             raise ValueError(f"{len(missing)} optimizer parameter(s) are not in "
                              "named_parameters (pass model.named_parameters() of the "
                              "model the optimizer trains)")
-    base = type(optimizer)
-    cls = type(base.__name__, (_DistributedOptimizer, base), {"__module__": base.__module__})
-    new = object.__new__(cls)
-    new.__dict__.update(optimizer.__dict__)
-    new._autotune_names = names
-    new._autotune_synchronized = False
-    if fold_lr:
-        current_lr(new)
-    new.sparse_sgd = SparseSGD(algorithm=algorithm, density=density,
-                               warmup_steps=warmup_steps, flat=flat, prefix=prefix,
-                               momentum=momentum, density_warmup=density_warmup,
-                               tau_prime=tau_prime, tau=tau,
-                               learning_rate=(lambda: current_lr(new)) if fold_lr else None)
-    return new
+    return names
 
 
 def current_lr(optimizer) -> float:
@@ -321,7 +334,16 @@ def broadcast_parameters(params, root_rank: int = 0) -> None:
         tensors = list(params.values())
     else:
         tensors = [t[1] if isinstance(t, tuple) else t for t in params]
-    comm = dispatch.init()
+    comm = dispatch.communicator()
+    problem = None
+    if isinstance(root_rank, bool) or not isinstance(root_rank, int) \
+            or not 0 <= root_rank < comm.size:
+        problem = ValueError(f"broadcast_parameters: root_rank must be a rank in [0, "
+                             f"{comm.size}), got {root_rank!r}")
+    # what every rank is about to receive must match the root's, or Bcast would
+    # truncate or wait for a message that never comes
+    layout = (root_rank, [(tuple(t.shape), str(t.dtype)) for t in tensors])
+    agree(comm, problem, value=layout, what="broadcast_parameters: root_rank or tensor layout")
     if comm.size == 1:
         return
     for t in tensors:

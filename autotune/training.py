@@ -75,7 +75,7 @@ from typing import Iterable
 import numpy as np
 
 import kernels
-from collectives import ALGORITHMS, check_intervals
+from collectives import ALGORITHMS, agree, check_intervals
 
 from . import dispatch
 from ._convert import as_array
@@ -152,22 +152,14 @@ class SparseSGD:
                  warmup_steps: int = 0, flat: bool = True, prefix: str = "grad",
                  momentum: float = 0.0, density_warmup: int = 0, tau_prime: int | None = None,
                  tau: int | None = None, learning_rate=None):
-        if algorithm != "auto" and algorithm not in ALGORITHMS:
-            raise ValueError(f"unknown algorithm {algorithm!r}; registered: "
-                             f"{sorted(ALGORITHMS)} or 'auto'")
-        if density is not None and not (0.0 < density <= 1.0):
-            raise ValueError(f"density must be in (0, 1], got {density!r}")
-        if int(warmup_steps) < 0:
-            raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps!r}")
-        if int(density_warmup) < 0 or (density_warmup and density is None):
-            raise ValueError(f"density_warmup must be >= 0 and needs an explicit density, "
-                             f"got {density_warmup!r} with density={density!r}")
-        if not (0.0 <= float(momentum) < 1.0):
-            raise ValueError(f"momentum must be in [0, 1), got {momentum!r}")
-        check_intervals(tau_prime=tau_prime, tau=tau)
-        if learning_rate is not None and not callable(learning_rate):
-            raise ValueError(f"learning_rate must be a callable returning the current rate, "
-                             f"got {learning_rate!r}")
+        problem = None
+        try:
+            _check_arguments(algorithm, density, warmup_steps, density_warmup, momentum,
+                             tau_prime, tau, learning_rate)
+        except (ValueError, TypeError) as e:
+            problem = e
+        # collective (as DDP's constructor is): a bad argument on one rank raises on all
+        agree(dispatch.communicator(), problem)
         self.learning_rate = learning_rate
         self._lr_last = 1.0
         self.algorithm = algorithm
@@ -232,7 +224,7 @@ class SparseSGD:
         if back is not None:
             source, contiguous = back.source, back.contiguous
         algorithm = self.current_algorithm
-        comm = dispatch.init()  # MPI start-up is not communication time
+        comm = dispatch.communicator()  # MPI start-up is not communication time
         send = self._accumulate(arr, name) if self.momentum else arr
         if algorithm == "auto" and self.density_warmup and name not in self._decided:
             # decide at the target density, not at the warm-up's first (higher) one
@@ -359,6 +351,28 @@ class SparseSGD:
         return (f"SparseSGD(algorithm={self.algorithm!r}, density={self.density!r}, "
                 f"warmup_steps={self.warmup_steps}, density_warmup={self.density_warmup}, "
                 f"flat={self.flat}, momentum={self.momentum}, step={self.step})")
+
+
+
+def _check_arguments(algorithm, density, warmup_steps, density_warmup, momentum, tau_prime, tau,
+                     learning_rate) -> None:
+    """SparseSGD's argument checks (ValueError naming the first bad one)."""
+    if algorithm != "auto" and algorithm not in ALGORITHMS:
+        raise ValueError(f"unknown algorithm {algorithm!r}; registered: "
+                         f"{sorted(ALGORITHMS)} or 'auto'")
+    if density is not None and not (0.0 < density <= 1.0):
+        raise ValueError(f"density must be in (0, 1], got {density!r}")
+    if int(warmup_steps) < 0:
+        raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps!r}")
+    if int(density_warmup) < 0 or (density_warmup and density is None):
+        raise ValueError(f"density_warmup must be >= 0 and needs an explicit density, "
+                         f"got {density_warmup!r} with density={density!r}")
+    if not (0.0 <= float(momentum) < 1.0):
+        raise ValueError(f"momentum must be in [0, 1), got {momentum!r}")
+    check_intervals(tau_prime=tau_prime, tau=tau)
+    if learning_rate is not None and not callable(learning_rate):
+        raise ValueError(f"learning_rate must be a callable returning the current rate, "
+                         f"got {learning_rate!r}")
 
 
 def _resolved(algorithm: str, name: str) -> str:

@@ -8,9 +8,9 @@
     out = algo(grad, name="fc1.weight", density=0.01)
     print(algo.last_traffic.total().bytes_sent)
 """
-from ._base import (ALGORITHMS, Algorithm, SparseAllreduce, SparseState, check_intervals, register,
+from ._base import (ALGORITHMS, Algorithm, agree, SparseAllreduce, SparseState, check_intervals, register,
                     validate)
-from ._comm import Communicator, MPICommunicator, PhaseCounters, Traffic
+from ._comm import Communicator, MPICommunicator, PhaseCounters, Traffic, mpi_library_version
 from ._timing import timeit, timeit_interleaved
 from ._nccl import NCCLCommunicator
 from ._dense import Dense, NativeMPI, NativeNCCL, rabenseifner
@@ -22,6 +22,7 @@ from ._topka2a import TopKA2A
 __all__ = [
     "ALGORITHMS",
     "Algorithm",
+    "agree",
     "Communicator",
     "Dense",
     "GTopk",
@@ -43,5 +44,6 @@ __all__ = [
     "register",
     "timeit",
     "timeit_interleaved",
+    "mpi_library_version",
     "validate",
 ]

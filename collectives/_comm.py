@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["Communicator", "MPICommunicator", "Traffic", "PhaseCounters"]
+__all__ = ["Communicator", "MPICommunicator", "Traffic", "PhaseCounters", "mpi_library_version"]
 
 log = logging.getLogger("collectives")
 
@@ -317,8 +317,21 @@ def _mpi_cuda_aware() -> bool:
     return bool(fn())
 
 
+def mpi_library_version() -> str | None:
+    """The MPI library's name and version, e.g. ``Open MPI v5.0.8`` (no communication)."""
+    from mpi4py import MPI
+
+    first = MPI.Get_library_version().strip().splitlines()[0]
+    return " ".join(first.split(",")[0].split())
+
+
 class MPICommunicator(Communicator):
-    """MPI backend over mpi4py.
+    """MPI backend over mpi4py, on a communicator of its own.
+
+    The caller's communicator is duplicated once here (collective over its
+    ranks, as the MPI standard advises libraries to do): the library's
+    messages and the caller's can never match each other, whatever tags or
+    wildcard receives the caller uses.
 
     Host (numpy) buffers go straight to MPI.  Device (cupy) buffers go
     directly too when MPI is CUDA-aware (after a stream synchronize, since MPI
@@ -327,15 +340,18 @@ class MPICommunicator(Communicator):
 
     Args:
         comm: an ``mpi4py.MPI.Comm``; defaults to ``MPI.COMM_WORLD``.
+        dup: duplicate ``comm`` (default); False only for a communicator
+            the library made itself (``split``).
     """
 
     backend = "mpi"
 
-    def __init__(self, comm=None):
+    def __init__(self, comm=None, *, dup: bool = True):
         from mpi4py import MPI
 
         self._MPI = MPI
-        self.comm = comm if comm is not None else MPI.COMM_WORLD
+        comm = comm if comm is not None else MPI.COMM_WORLD
+        self.comm = comm.Dup() if dup else comm
         super().__init__(self.comm.Get_rank(), self.comm.Get_size())
         self.cuda_aware = _mpi_cuda_aware()
         self.staging = False
@@ -463,7 +479,7 @@ class MPICommunicator(Communicator):
         self.comm.Barrier()
 
     def _split(self, color, key):
-        return MPICommunicator(self.comm.Split(color, key))
+        return MPICommunicator(self.comm.Split(color, key), dup=False)
 
     def idle_barrier(self, poll_s: float = 1e-3) -> None:
         req = self.comm.Ibarrier()
@@ -471,8 +487,7 @@ class MPICommunicator(Communicator):
             time.sleep(poll_s)
 
     def library_version(self) -> str | None:
-        first = self._MPI.Get_library_version().strip().splitlines()[0]
-        return " ".join(first.split(",")[0].split())
+        return mpi_library_version()
 
     def _mpitype(self, arr):
         from mpi4py.util.dtlib import from_numpy_dtype

@@ -78,3 +78,48 @@ def test_parse_options():
     for bad in ("oktopk", "residuals=owner", ".tau=1", "oktopk.=1"):
         with pytest.raises(ValueError, match="ALGO.KEY=VALUE"):
             parse_options([bad])
+
+
+def test_library_talks_on_its_own_communicator():
+    from mpi4py import MPI
+
+    comm = autotune.communicator()
+    assert comm.comm != MPI.COMM_WORLD
+    assert MPI.Comm.Compare(comm.comm, MPI.COMM_WORLD) == MPI.CONGRUENT
+
+
+def test_init_warns_once_for_a_profile_from_another_machine(tmp_path):
+    import json
+    import warnings
+
+    from autotune.profile import cpu_model
+
+    data = json.loads(open("profiles/cpu_shm_p4.json").read())
+    data["fingerprint"]["cpu_model"] = "Some Other CPU " + str(cpu_model())
+    path = tmp_path / "foreign.json"
+    path.write_text(json.dumps(data))
+    try:
+        with pytest.warns(UserWarning, match="another machine"):
+            autotune.init(profile=str(path))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            autotune.init(profile=str(path))  # once per profile
+    finally:
+        autotune.dispatch._STATE.update(profile=None, selector=None, choices={})
+
+
+def test_decisions_print_readably(capsys):
+    autotune.init(profile="profiles/cpu_shm_p4.json")
+    try:
+        x = np.random.default_rng(3).standard_normal(1 << 12).astype(np.float32)
+        autotune.allreduce(x, name="readable")
+        (key, choice), = [(k, c) for k, c in autotune.decisions().items() if k.name == "readable"]
+        assert key.shape == (1 << 12,) and key.P == 1 and key.device == "cpu"
+        for text in (str(choice), repr(choice), repr(autotune.decisions())):
+            assert "\n" not in text and choice.algorithm in text
+        assert "predicted" in str(choice) and "measured" in str(choice)
+        autotune.print_decisions()
+        line, = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("readable")]
+        assert choice.algorithm in line and "P=1" in line
+    finally:
+        autotune.dispatch._STATE.update(profile=None, selector=None, choices={})

@@ -170,7 +170,7 @@ def test_tuner_capture_guard_sets_a_floor_from_the_gradients():
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("nprocs", [2, 3])
-def test_auto_dispatch_same_algorithm_with_different_profiles(mpirun, nprocs):
+def test_auto_dispatch_rank0_decides(mpirun, nprocs):
     out = mpirun(nprocs, "tests.mpi.dispatch_checks", timeout=300)
     assert "dispatch ok" in out
 

@@ -1,0 +1,314 @@
+"""One bad rank: every input the API takes, differing on one rank only (run under mpiexec).
+
+Each case makes one rank (the last, or rank 0 where rank 0 is special) pass
+something different or invalid, and asserts that every rank raises an error
+of the same type, or that every rank gets the right answer.  After each case
+a dense allreduce checks that the library still works.  A watchdog ends the
+job if a case hangs, naming it (pytest's timeout is the second line of defence).
+
+Also: a user's pending wildcard receive and a user's own nonblocking
+collective, on the caller's communicator, while the library runs every
+algorithm (the library talks on its own duplicate, so neither matches it).
+
+    mpiexec -n 3 python -m tests.mpi.one_rank_checks [--seed S]
+"""
+import faulthandler
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+from mpi4py import MPI
+
+import autotune
+from autotune.profile import ProfileError
+from collectives import ALGORITHMS
+from tests.mpi import abort_job
+
+W = MPI.COMM_WORLD
+R, P = W.Get_rank(), W.Get_size()
+BAD = P - 1
+PROFILES = Path(__file__).resolve().parents[2] / "profiles"
+GOOD, OTHER = str(PROFILES / "cpu_shm_p4.json"), str(PROFILES / "cpu_tcp1gbit_p4.json")
+CASE_TIMEOUT_S = 60
+SPARSE = sorted(a for a, c in ALGORITHMS.items() if c.lossy and "mpi" in c.backends)
+EXACT = sorted(a for a, c in ALGORITHMS.items() if not c.lossy and "mpi" in c.backends)
+
+
+def _bad(value, other, rank=BAD):
+    return value if R == rank else other
+
+
+def raises_everywhere(fn, *, match: str | None = None):
+    """``fn()`` must raise on every rank, the same exception type everywhere."""
+    try:
+        fn()
+        got = None
+    except (ValueError, TypeError, RuntimeError) as e:
+        got = e
+    seen = W.allgather(None if got is None else (type(got).__name__, str(got)))
+    assert all(s is not None for s in seen), f"raised on some ranks only: {seen}"
+    assert len({s[0] for s in seen}) == 1, f"different exception types: {seen}"
+    if match is not None:
+        assert all(match in s[1] for s in seen), f"expected {match!r} in {seen}"
+    return 1
+
+
+def healthy(rng) -> None:
+    """A dense allreduce still gives the exact sum (nothing left in flight)."""
+    x = rng.standard_normal(257).astype(np.float64)
+    ref = np.empty_like(x)
+    W.Allreduce(x, ref)
+    out = autotune.allreduce(x, algorithm="dense")
+    assert np.allclose(out, ref, rtol=1e-12, atol=1e-12)
+
+
+def cases(rng, tmp: Path):
+    x = rng.standard_normal(4096).astype(np.float32)
+    call = autotune.allreduce
+    yield "dtype int32", lambda: raises_everywhere(
+        lambda: call(_bad(x.astype(np.int32), x), algorithm="dense"))
+    yield "dtype float64", lambda: raises_everywhere(
+        lambda: call(_bad(x.astype(np.float64), x), algorithm="dense"), match="dtype")
+    yield "dtype float16", lambda: raises_everywhere(
+        lambda: call(_bad(x.astype(np.float16), x), name="h", algorithm="topka"))
+    yield "shape", lambda: raises_everywhere(
+        lambda: call(_bad(x.reshape(32, 128), x.reshape(64, 64)), algorithm="dense"),
+        match="shape")
+    yield "size", lambda: raises_everywhere(
+        lambda: call(_bad(x[:-1].copy(), x), algorithm="dense"), match="size")
+    yield "non-contiguous", lambda: raises_everywhere(
+        lambda: call(_bad(x[::2], x[:2048].copy()), algorithm="dense"), match="contiguous")
+    nan = x.copy()
+    nan[5] = np.nan
+    yield "nan", lambda: raises_everywhere(
+        lambda: call(_bad(nan, x), algorithm="dense"), match="NaN")
+    inf = x.copy()
+    inf[7] = np.inf
+    yield "inf sparse", lambda: raises_everywhere(
+        lambda: call(_bad(inf, x), name="inf", algorithm="oktopk", density=0.01), match="Inf")
+    yield "empty", lambda: raises_everywhere(
+        lambda: call(_bad(x[:0], x), algorithm="dense"))
+    yield "not an array", lambda: raises_everywhere(
+        lambda: call(_bad(list(x[:4]), x[:4].copy()), algorithm="dense"), match="unsupported")
+    yield "name", lambda: raises_everywhere(
+        lambda: call(x, name=_bad("a", "b"), algorithm="topka", density=0.01), match="name")
+    yield "name missing", lambda: raises_everywhere(
+        lambda: call(x, name=_bad(None, "n"), algorithm="gtopk", density=0.01))
+    pairs = [("oktopk", "topka"), ("dense", "mpi"), ("gtopk", "topkdsa"), ("auto", "dense"),
+             ("gaussiank", "topka2a"), ("oktopk", "auto")]
+    for a, b in pairs:
+        yield f"algorithm {a}/{b}", lambda a=a, b=b: raises_everywhere(
+            lambda: call(x, name="alg", algorithm=_bad(a, b), density=0.01),
+            match="algorithm")
+    yield "algorithm unknown", lambda: raises_everywhere(
+        lambda: call(x, name="u", algorithm=_bad("nope", "dense")), match="unknown algorithm")
+    yield "algorithm nccl on mpi", lambda: raises_everywhere(
+        lambda: call(x, algorithm=_bad("nccl", "dense")))
+    yield "density", lambda: raises_everywhere(
+        lambda: call(x, name="d", algorithm="oktopk", density=_bad(0.02, 0.01)),
+        match="parameters differ")
+    for d in (0.0, 2.0, -1.0, "0.01", float("nan")):
+        yield f"density {d!r}", lambda d=d: raises_everywhere(
+            lambda: call(x, name="d", algorithm="topka", density=_bad(d, 0.01)))
+    yield "op", lambda: raises_everywhere(
+        lambda: call(x, algorithm="dense", op=_bad("mean", "sum")), match="op")
+    yield "op unknown", lambda: raises_everywhere(
+        lambda: call(x, algorithm="dense", op=_bad("max", "sum")), match="op")
+    yield "tau", lambda: raises_everywhere(
+        lambda: call(x, name="t", algorithm="oktopk", density=0.01, tau=_bad(8, 16)))
+    yield "tau_prime 0", lambda: raises_everywhere(
+        lambda: call(x, name="t", algorithm="oktopk", density=0.01, tau_prime=_bad(0, 4)),
+        match="tau_prime")
+    yield "tau 1.5", lambda: raises_everywhere(
+        lambda: call(x, name="t", algorithm="topka", density=0.01, tau=_bad(1.5, 2)))
+    yield "resolve name", lambda: raises_everywhere(
+        lambda: autotune.resolve(x, name=_bad("r1", "r2")), match="name")
+
+    # -- init: profile, options, environment ------------------------------------------
+    missing, corrupt = str(tmp / "missing.json"), tmp / "corrupt.json"
+    corrupt.write_text('{"schema": "autotune-profile", "version": 1, "fing')
+    yield "profile missing everywhere", lambda: raises_everywhere(
+        lambda: autotune.init(profile=missing), match="no such file")
+    yield "profile corrupt on rank 0 only", lambda: raises_everywhere(
+        lambda: autotune.init(profile=_bad(str(corrupt), None, rank=0)), match="not valid JSON")
+    yield "profile corrupt on one rank", lambda: raises_everywhere(
+        lambda: autotune.init(profile=_bad(str(corrupt), GOOD)))
+    yield "profile missing on one rank", lambda: raises_everywhere(
+        lambda: autotune.init(profile=_bad(missing, GOOD)), match="no such file")
+    yield "profile differs", lambda: raises_everywhere(
+        lambda: autotune.init(profile=_bad(OTHER, GOOD)), match="differs")
+    yield "profile not on rank 0", lambda: raises_everywhere(
+        lambda: autotune.init(profile=_bad(None, GOOD, rank=0)), match="rank 0")
+
+    def env_differs():
+        os.environ["AUTOTUNE_PROFILE"] = GOOD if R == 0 else missing
+        try:
+            raises_everywhere(autotune.init)
+        finally:
+            del os.environ["AUTOTUNE_PROFILE"]
+        if R == BAD:
+            os.environ["AUTOTUNE_SOMETHING"] = "1"
+        try:
+            return raises_everywhere(autotune.init, match="environment")
+        finally:
+            os.environ.pop("AUTOTUNE_SOMETHING", None)
+    yield "environment", env_differs
+
+    def profile_on_rank0_only():
+        # allowed: rank 0 decides; every rank runs its choice
+        autotune.init(profile=GOOD if R == 0 else None)
+        g = rng.standard_normal(1 << 14).astype(np.float32)
+        W.Bcast(g, 0)
+        out = call(g, name="p0", density=0.01)
+        picks = W.allgather(autotune.decisions()[("p0", g.shape, "float32", P, "cpu")].algorithm)
+        assert len(set(picks)) == 1, picks
+        assert len(set(W.allgather(out.tobytes()))) == 1
+        return 1
+    yield "profile on rank 0 only", profile_on_rank0_only
+    yield "options differ", lambda: raises_everywhere(
+        lambda: autotune.init(options={"oktopk": {"tau": _bad(8, 16)}}), match="differ")
+    yield "options unknown algorithm", lambda: raises_everywhere(
+        lambda: autotune.init(options=_bad({"nope": {}}, {})))
+    yield "options bad keyword", lambda: raises_everywhere(
+        lambda: autotune.init(options={"oktopk": _bad({"no_such": 1}, {})}))
+
+    # -- training side: constructors and broadcasts -------------------------------------
+    from autotune.training import SparseSGD
+    yield "SparseSGD algorithm", lambda: raises_everywhere(
+        lambda: SparseSGD(algorithm=_bad("nope", "oktopk"), density=0.01))
+    yield "SparseSGD density", lambda: raises_everywhere(
+        lambda: SparseSGD(algorithm="oktopk", density=_bad(2.0, 0.01)))
+
+    def sgd_algorithm_differs():
+        sgd = SparseSGD(algorithm=_bad("topka", "oktopk"), density=0.01, prefix="sgdd")
+        return raises_everywhere(lambda: sgd.synchronize([("w", x.copy())]), match="algorithm")
+    yield "SparseSGD algorithm differs", sgd_algorithm_differs
+
+    def sgd_warmup_differs():
+        sgd = SparseSGD(algorithm="oktopk", density=0.01, warmup_steps=_bad(1, 0), prefix="sgdw")
+        return raises_everywhere(lambda: sgd.synchronize([("w", x.copy())]), match="algorithm")
+    yield "SparseSGD warm-up differs", sgd_warmup_differs
+
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    if torch is not None:
+        import autotune.torch as at
+
+        def model():
+            torch.manual_seed(0)
+            return torch.nn.Linear(8, 4)
+        yield "broadcast_parameters shape", lambda: raises_everywhere(
+            lambda: at.broadcast_parameters(
+                [torch.zeros(_bad(5, 4)), torch.zeros(3)]), match="layout")
+        yield "broadcast_parameters root", lambda: raises_everywhere(
+            lambda: at.broadcast_parameters(model(), root_rank=_bad(P, 0)))
+        yield "broadcast_parameters count", lambda: raises_everywhere(
+            lambda: at.broadcast_parameters([torch.zeros(4)] * _bad(2, 1)), match="layout")
+
+        def optimizer_momentum():
+            m = model()
+            opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=_bad(0.9, 0.0))
+            return raises_everywhere(lambda: at.DistributedOptimizer(
+                opt, m.named_parameters(), algorithm="oktopk", density=0.1, momentum=0.9))
+        yield "DistributedOptimizer momentum", optimizer_momentum
+
+        def optimizer_algorithm():
+            m = model()
+            opt = torch.optim.SGD(m.parameters(), lr=0.1)
+            return raises_everywhere(lambda: at.DistributedOptimizer(
+                opt, m.named_parameters(), algorithm=_bad("nope", "topka"), density=0.1))
+        yield "DistributedOptimizer algorithm", optimizer_algorithm
+        yield "HookState algorithm", lambda: raises_everywhere(
+            lambda: at.HookState(algorithm=_bad("nope", "oktopk"), density=0.01))
+
+    # -- the caller's own traffic on the caller's communicator --------------------------
+    if P > 1:
+        yield "user wildcard receive", lambda: user_wildcard_receive(rng)
+        yield "user collective interleaved", lambda: user_collective(rng)
+
+
+def _every_algorithm(rng, tag: str) -> int:
+    n = 0
+    for alg in EXACT + SPARSE:
+        g = rng.standard_normal(3000).astype(np.float32)
+        ref = np.empty(g.size, np.float64)
+        W.Allreduce(g.astype(np.float64), ref)
+        out = autotune.allreduce(g, name=f"{tag}.{alg}", algorithm=alg, density=0.05)
+        assert len(set(W.allgather(out.tobytes()))) == 1, alg
+        if alg in EXACT:
+            assert np.allclose(out, ref, rtol=1e-4, atol=1e-4), alg
+        n += 1
+    return n
+
+
+def user_wildcard_receive(rng) -> int:
+    """Rank 0 has ``Irecv(ANY_SOURCE, ANY_TAG)`` pending on the caller's communicator
+    while the library runs every algorithm; it must get the user's message only."""
+    buf = np.zeros(4, np.float64)
+    req = W.Irecv(buf, source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG) if R == 0 else None
+    n = _every_algorithm(rng, "wild")
+    matched = bool(req.Test()) if R == 0 else False
+    W.Barrier()  # rank 1 sends only after rank 0 has looked
+    assert not matched, "the user's wildcard receive matched a library message"
+    if R == 1:
+        W.Send(np.full(4, 7.0), dest=0, tag=99)
+    if R == 0:
+        status = MPI.Status()
+        req.Wait(status)
+        assert (buf == 7.0).all() and status.Get_source() == 1 and status.Get_tag() == 99, \
+            (buf, status.Get_source(), status.Get_tag())
+    return n
+
+
+def user_collective(rng) -> int:
+    """A user's nonblocking allreduce and barrier on the caller's communicator stay
+    in flight across the library's calls and complete with the right result."""
+    a = np.full(8, float(R + 1))
+    b = np.empty_like(a)
+    req = W.Iallreduce(a, b)
+    bar = W.Ibarrier()
+    n = _every_algorithm(rng, "coll")
+    MPI.Request.Waitall([req, bar])
+    assert (b == P * (P + 1) / 2).all(), b
+    return n
+
+
+def main() -> int:
+    seed = int(sys.argv[sys.argv.index("--seed") + 1]) if "--seed" in sys.argv else \
+        int(np.random.SeedSequence().entropy % (1 << 31))
+    seed = W.bcast(seed, 0)
+    rng = np.random.default_rng([seed, R])
+    tmp = Path(W.bcast(tempfile.mkdtemp(prefix="autotune-onerank-") if R == 0 else None, 0))
+    autotune.init(options={})
+    total = 0
+    try:
+        for name, case in cases(rng, tmp):
+            if R == 0:
+                print(f"  {name:34s} ...", end=" ", flush=True)
+            faulthandler.dump_traceback_later(CASE_TIMEOUT_S, exit=True)
+            try:
+                total += case()
+                healthy(rng)
+            except Exception:
+                return abort_job(W, f"one_rank {name}", seed)
+            finally:
+                faulthandler.cancel_dump_traceback_later()
+            if R == 0:
+                print("ok", flush=True)
+    finally:
+        W.Barrier()
+        if R == 0:
+            for f in tmp.iterdir():
+                f.unlink()
+            tmp.rmdir()
+    if R == 0:
+        print(f"one_rank P={P}: {total} cases passed (seed {seed})", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
