@@ -496,35 +496,76 @@ def gradient_like(n: int, rng: np.random.Generator, base: np.ndarray | None = No
 
 
 class _Progress:
-    """tqdm on rank 0's stderr (a plain line per step without tqdm)."""
+    """Progress of the profiler on rank 0's stderr (nothing elsewhere or with ``quiet``).
 
-    def __init__(self, comm, total: int, quiet: bool = False):
+    On a terminal, one bar redrawn in place (at most every 0.1 s).  Anywhere
+    else -- under mpiexec, whose ranks write to pipes, or into a log file -- a
+    redrawn bar would show nothing until the end, so it writes whole flushed
+    lines: one at the start, then at most one every ``interval_s`` (2 s), and
+    the last step's (at ``close`` if the count fell short of the total), each
+    with done/total, percent, elapsed seconds and the step.
+    """
+
+    LINE_INTERVAL_S = 2.0
+    BAR_INTERVAL_S = 0.1
+
+    def __init__(self, comm, total: int, quiet: bool = False, *, stream=None,
+                 interval_s: float | None = None, clock=time.monotonic):
         self.on = comm.rank == 0 and not quiet
-        self.bar = None
-        if self.on:
-            try:
-                from tqdm import tqdm
-
-                self.bar = tqdm(total=total, file=sys.stderr, unit="step", leave=True,
-                                dynamic_ncols=True, mininterval=0.2)
-            except ImportError:
-                self.bar = None
+        self.stream = sys.stderr if stream is None else stream
+        try:
+            self.tty = bool(self.on and self.stream.isatty())
+        except (AttributeError, ValueError):
+            self.tty = False
+        self.interval_s = (interval_s if interval_s is not None else
+                           self.BAR_INTERVAL_S if self.tty else self.LINE_INTERVAL_S)
+        self.clock = clock
+        self.t0 = clock()
+        self.total = max(int(total), 1)
         self.done = 0
-        self.total = total
+        self.what = "starting"
+        self._shown = 0        # self.done when last written
+        self._last = None      # clock() when last written
+        self._width = 0        # length of the bar drawn last (tty)
+        if self.on:
+            self._write()      # at once: the first step can take a while
+
+    def _text(self) -> str:
+        pct = min(100, 100 * self.done // self.total)
+        return f"[{self.done}/{self.total}] {pct:3d}% {self.clock() - self.t0:6.1f} s  {self.what}"
+
+    def _write(self) -> None:
+        if self.tty:
+            import shutil
+
+            cols = max(20, shutil.get_terminal_size((80, 24)).columns - 1)
+            fill = min(self.done, self.total) * 20 // self.total
+            text = f"profile |{'#' * fill}{'.' * (20 - fill)}| {self._text()}"[:cols]
+            self.stream.write("\r" + text.ljust(self._width))
+            self._width = len(text)
+        else:
+            self.stream.write(f"autotune profile: {self._text()}\n")
+        self.stream.flush()
+        self._shown, self._last = self.done, self.clock()
 
     def step(self, what: str, k: int = 1) -> None:
         if not self.on:
             return
         self.done += k
-        if self.bar is not None:
-            self.bar.set_description(what[:40], refresh=False)
-            self.bar.update(k)
-        else:
-            print(f"[{self.done}/{self.total}] {what}", file=sys.stderr, flush=True)
+        self.what = what
+        if (self._last is None or self._shown < self.total <= self.done
+                or self.clock() - self._last >= self.interval_s):
+            self._write()
 
-    def close(self):
-        if self.bar is not None:
-            self.bar.close()
+    def close(self) -> None:
+        if not self.on:
+            return
+        if self.done and self._shown != self.done:
+            self._write()  # the last step, where the rate limit held it back
+        if self.tty and self._width:
+            self.stream.write("\n")
+            self.stream.flush()
+        self.on = False
 
 
 # -- 1. primitives -----------------------------------------------------------------

@@ -72,6 +72,16 @@ class TuneResult:
     xi: float | None
     trials: int
     feasible: bool
+    # the fastest lossless algorithm at (n, P) and its predicted time (the
+    # selector's, as for the tuned algorithm unless ``measure`` was given)
+    exact_algorithm: str | None = None
+    exact_time_s: float | None = None
+
+    @property
+    def sparse_pays(self) -> bool | None:
+        """True when the tuned setting is faster than the best exact algorithm;
+        None when the profile has no exact algorithm to compare with."""
+        return None if self.exact_time_s is None else self.time_s < self.exact_time_s
 
 
 REFERENCE_DENSITY = 0.01  # the default density floor: parity with dense in the convergence tables
@@ -95,6 +105,10 @@ def tune(profile: dict, n: int, P: int, *, algorithm: str = "oktopk",
          storage: str | None = None, study_name: str | None = None, seed: int = 0,
          measure=None, selector: Selector | None = None) -> TuneResult:
     """Find density, tau' and tau minimizing time per iteration under the guard.
+
+    The result also carries the fastest lossless algorithm at (n, P) and its
+    predicted time (``exact_algorithm``, ``exact_time_s``): where that is
+    faster (``sparse_pays`` False), sparsifying costs accuracy for nothing.
 
     Args:
         profile: profile dict.
@@ -178,8 +192,14 @@ def tune(profile: dict, n: int, P: int, *, algorithm: str = "oktopk",
     pool = feasible or [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     best = min(pool, key=lambda t: t.value)
     d = best.params["density"]
+    try:
+        exact = sel.choose(n, P, d, lossy_ok=False)
+        exact_algo, exact_s = exact.algorithm, exact.predicted_s[exact.algorithm]
+    except ValueError:  # the profile knows no lossless algorithm
+        exact_algo, exact_s = None, None
     return TuneResult(d, best.params["tau_prime"], best.params["tau"], best.value,
-                      xi_at(profile, d) if has_xi else None, len(study.trials), bool(feasible))
+                      xi_at(profile, d) if has_xi else None, len(study.trials), bool(feasible),
+                      exact_algo, exact_s)
 
 
 class OnlineDensityGuard:

@@ -1,8 +1,8 @@
 """Convergence parity grid: every algorithm x density x P x seed, both examples.
 
-    python examples/convergence.py --out-dir out/convergence --md out/convergence/table.md
+    .venv/bin/python examples/convergence.py --out-dir out/convergence --md out/convergence/table.md
 
-Launches ``mpiexec -n P python examples/<model>.py`` once per (model, P,
+Launches ``examples/<model>.py`` on P ranks (``autotune.launch``) once per (model, P,
 algorithm) with all densities and seeds of that cell in one launch (torch
 and MPI start-up cost seconds per rank), each example with its default
 recipe; writes one JSON of curves per launch into --out-dir (an existing
@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -29,7 +28,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from autotune._mpirun import mpi_env, mpiexec_argv  # noqa: E402
+from autotune.launch import launch as launch_ranks  # noqa: E402
 
 MODELS = {
     # name: (metric key, label, higher is better)
@@ -40,13 +39,14 @@ DENSITY_FREE = ("dense", "auto", "mpi")
 
 
 def launch(model: str, P: int, algorithm: str, densities, seeds, out: Path, extra) -> float:
-    argv = [sys.executable, str(HERE / f"{model}.py"), "--algorithm", algorithm,
+    argv = [str(HERE / f"{model}.py"), "--algorithm", algorithm,
             "--density", ",".join(str(d) for d in densities),
             "--seed", ",".join(str(s) for s in seeds), "--out", str(out), *extra]
-    cmd = mpiexec_argv(P, argv)
-    print("$", " ".join(cmd[:1] + ["-n", str(P), "--oversubscribe"] + argv), flush=True)
+    print("$ autotune launch -n", P, " ".join(argv), flush=True)
     t0 = time.perf_counter()
-    subprocess.run(cmd, env=mpi_env(), check=True)
+    rc = launch_ranks(P, argv)
+    if rc:
+        raise SystemExit(f"{model} at P={P} ({algorithm}) exited {rc}")
     return time.perf_counter() - t0
 
 

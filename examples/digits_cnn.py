@@ -1,6 +1,6 @@
 """Data-parallel training of a small CNN on scikit-learn's 8x8 digits, any allreduce.
 
-    mpiexec -n 4 python examples/digits_cnn.py --algorithm oktopk --density 0.01 \
+    .venv/bin/autotune launch -n 4 examples/digits_cnn.py --algorithm oktopk --density 0.01 \
         --seed 0 --epochs 40 --out digits.json
 
 The data ship with scikit-learn (1797 images, 10 classes; no download); the

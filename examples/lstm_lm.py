@@ -1,6 +1,6 @@
 """Data-parallel training of a small character-level LSTM language model, any allreduce.
 
-    mpiexec -n 4 python examples/lstm_lm.py --algorithm oktopk --density 0.01 \
+    .venv/bin/autotune launch -n 4 examples/lstm_lm.py --algorithm oktopk --density 0.01 \
         --seed 0 --out lstm.json
 
 The corpus is real text that every Python installation carries offline: a

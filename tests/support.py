@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune._mpirun import mpi_env, mpiexec_argv
+from autotune.launch import mpi_env, mpiexec_argv
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -322,7 +322,7 @@ def test_examples_write_curves(tmp_path, example, integration):
     pytest.importorskip("sklearn")
     import json
 
-    from autotune._mpirun import mpi_env, mpiexec_argv
+    from autotune.launch import mpi_env, mpiexec_argv
 
     root = Path(__file__).resolve().parent.parent
     out = tmp_path / "curves.json"

@@ -124,7 +124,7 @@ def _cores() -> int:
 
 def _launch_argv(P: int, argv: list[str], *, mpiexec: str | None, netns: str | None) -> list[str]:
     """mpiexec -n P [--oversubscribe --bind-to none] argv, inside ``netns`` if given."""
-    from .._mpirun import find_mpiexec
+    from ..launch import find_mpiexec
 
     cmd = [mpiexec or find_mpiexec(), "-n", str(P)]
     if P > _cores():
@@ -201,7 +201,7 @@ def measure(*, network: str, nps, sizes, density: float, repeat: int, warmup: in
             profile_max_bytes: str | None = None, profile_share: float = 0.4,
             mpiexec: str | None = None, netns: str | None = None) -> dict:
     """Launch one bench sweep per P and merge the rows into one result dict (written to ``out``)."""
-    from .._mpirun import mpi_env
+    from ..launch import mpi_env
 
     env = mpi_env(SLOW_MPI_ENV if network == "slow" else None)
     t_start = time.perf_counter()

@@ -147,7 +147,7 @@ def main(argv=None) -> int:
     ap.add_argument("--np", help="outside MPI: comma-separated process counts to launch")
     args = ap.parse_args(argv)
 
-    from autotune._mpirun import mpi_env, mpiexec_argv, under_mpi
+    from autotune.launch import mpi_env, mpiexec_argv, under_mpi
 
     if args.np and not under_mpi():
         rows = []

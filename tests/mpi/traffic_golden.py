@@ -92,7 +92,7 @@ def dumps(obj, indent: int = 0) -> str:
 
 def run_at(nprocs: int) -> dict:
     """Launch this runner under mpiexec at ``nprocs`` ranks; return its counts."""
-    from autotune._mpirun import mpi_env, mpiexec_argv
+    from autotune.launch import mpi_env, mpiexec_argv
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "traffic.json"
@@ -126,7 +126,7 @@ def main(argv=None) -> int:
                     help="without a launcher: regenerate tests/data/traffic_golden.json")
     args = ap.parse_args(argv)
     if args.update:
-        from autotune._mpirun import under_mpi
+        from autotune.launch import under_mpi
 
         if under_mpi():
             ap.error("--update launches its own mpiexec: run it without one")
