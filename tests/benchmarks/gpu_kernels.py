@@ -6,14 +6,14 @@ Run from the repository root on a GPU machine:
     python3 tests/benchmarks/gpu_kernels.py [--log2n 20,22,24,25,26,27,28]
         [--density 0.001,0.01] [--reps 20] [--md FILE] [--json FILE] [--smoke]
         [--parts select,topk,routes,sparse,gaussian] [--gaussian-log2n 24,27]
-        [--variants 8,16,v8] [--ef sel_efr4,sel_efs4]
 
-``--parts`` picks what runs: select = the threshold and EF kernels of every
-variant (kernel and call figures; every variant's kernel timed in two passes,
-one after the other, to show the spread); ``--variants`` / ``--ef`` narrow the
-select variants and EF kernels (default: all; ``--ef ''`` times none); topk = exact top-k per variant and the radix select; routes = torch
-and cupy's routes; sparse = coo_sum / scatter_add; gaussian = Gaussiank's
-selection (new path and the replaced one) on normal and Student-t(2) data.
+``--parts`` picks what runs: select = threshold selection by both launch
+paths (kernel and call figures; each path's kernel timed in two passes, one
+after the other, to show the spread); topk = exact top-k and the radix
+select; routes = torch and cupy's routes; sparse = coo_sum / scatter_add;
+gaussian = Gaussiank's selection (new path and the replaced one) on normal
+and Student-t(2) data.  ``--smoke``: small sizes, every kernel once against
+numpy (for compute-sanitizer).
 
 For every n and density, on standard-normal float32 data, each operation is
 timed with CUDA events on the null stream (3 warm-up calls, then the median of
@@ -23,13 +23,11 @@ call's figure includes its launch gaps).  Inputs rotate among enough copies
 
   copy       cupy.copyto(dst, x): 4n read + 4n written
   read       a read-only kernel over x: 4n bytes, one read of the input (the floor)
-  thr        kernels.threshold_select(x, t), t = the exact k-th magnitude, every
-             select variant (_cuda.VARIANTS: 4 / 8 / 16 float4 per lane, s = staged,
-             v = values kept in registers, no re-load), and the two-launch path
-             "local" (sel_local8 + sel_stitch8; the default from n = 2^24)
-  thr_ef     kernels.threshold_select_ef(r, x, t), r zeroed before the call (untimed)
+  thr        threshold selection of |x| >= t, t = the exact k-th magnitude, by each
+             path of kernels._cuda.threshold_select: "lookback" (one pass, sel_thr8)
+             and "local" (sel_local8 + sel_stitch8; the default from n = 2^24)
   topk       kernels.topk_select(x, k): exact, sorted indices + values
-  kth        the radix select alone (kernels._cuda._radix)
+  kth        the radix select alone (kernels._cuda_topk.radix)
   torch      torch.topk(x.abs(), k, sorted=False) on a zero-copy DLPack view
   torch_thr  torch.nonzero(x.abs() >= t) and the gather of the values
   cupy_topk  the generic array-module route of kernels (partition + flatnonzero + sort)
@@ -39,20 +37,17 @@ call's figure includes its launch gaps).  Inputs rotate among enough copies
 "Per call" figures are what a caller sees: events around the Python call,
 launch gaps and the count read-back included.  "Kernel" figures replay a CUDA
 graph of 20 captured launches (each with its workspace memset) and divide:
-the GPU time alone.  copy/read are kernel figures.  The EF kernel figure is
-graph(memset r + EF) - graph(memset r).
+the GPU time alone.  copy/read are kernel figures.
 
 Achieved bandwidth = the fewest bytes the operation must move / its time:
-thr 4n + 8c, thr_ef 12n + 8c, topk 4n + 8k (c = selected count).
+thr 4n + 8c, topk 4n + 8k (c = selected count).
 """
 from __future__ import annotations
 
 import argparse
 import datetime
-import itertools
 import json
 import math
-import os
 import platform
 import shlex
 import statistics
@@ -68,7 +63,7 @@ import cupy as cp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import kernels  # noqa: E402
-from kernels import _cuda, _select  # noqa: E402
+from kernels import _cuda, _cuda_select, _cuda_topk, _select, _sparse  # noqa: E402
 
 _READ_SRC = r"""
 extern "C" __global__ void read_floor(const float4* __restrict__ x, long long n4,
@@ -164,16 +159,15 @@ def graph_time(body, nbuf, reps=20, trials=5):
     return statistics.median(times)
 
 
-EF_KERNELS = ("sel_ef4", "sel_ef8", "sel_efr4", "sel_efr8", "sel_efs4", "sel_efs8")
+PATHS = ("lookback", "local")       # the threshold selection's two launch paths
 
 
-def run_size(log2n, densities, reps, parts, results, checks, variants, ef_kernels):
+def run_size(log2n, densities, reps, parts, results, checks):
     n = 1 << log2n
     nbuf = max(1, min(64, math.ceil((256 << 20) / (4 * n))))
     g = cp.random.default_rng(log2n)
     xs = [g.standard_normal(n, dtype=cp.float32) for _ in range(nbuf)]
     dst = cp.empty_like(xs[0])
-    res = [cp.zeros_like(xs[0]) for _ in range(nbuf)]
     sink = cp.zeros(1, cp.uint32)
     want_torch = "routes" in parts
     torch = None
@@ -189,80 +183,48 @@ def run_size(log2n, densities, reps, parts, results, checks, variants, ef_kernel
     row0["copy_call"] = bench(lambda b: cp.copyto(dst, xs[b]), reps, nbuf)[0]
     row0["read_call"] = bench(lambda b: read_floor(xs[b], sink), reps, nbuf)[0]
 
-    def zero_res(b):
-        cp.cuda.runtime.memsetAsync(res[b].data.ptr, 0, 4 * n, cp.cuda.get_current_stream().ptr)
-    row0["memset_r"] = graph_time(zero_res, nbuf)
-
     if "topk" in parts:         # pass-1 histogram alone
         hws = cp.zeros(2048 + 16, cp.uint32)
 
         def hist1(b):
             cp.cuda.runtime.memsetAsync(hws.data.ptr, 0, hws.nbytes, cp.cuda.get_current_stream().ptr)
-            _cuda._hist(xs[b], n, hws.data.ptr + 4 * 2048, hws.data.ptr, 20, 11, 4)
+            _cuda_topk.hist(xs[b], n, hws.data.ptr + 4 * 2048, hws.data.ptr, 20, 11, 4)
         row0["hist1"] = graph_time(hist1, nbuf)
 
-    default_v, default_path = _cuda.SELECT_VARIANT, _cuda.THRESHOLD_PATH
+    default_path = "local" if n >= _cuda_select.LOCAL_MIN_N else "lookback"
     for d in densities:
         k = kernels.k_from_density(n, d)
         t = kernels.kth_magnitude(xs[0], k)
         key = _cuda.threshold_key(t)
         c = int(kernels.threshold_select(xs[0], t)[0].size)
-        row = dict(row0, density=d, k=k, count=c, select_variant=default_v,
-                   ef_kernel=_cuda.EF_KERNEL, variants=list(variants), ef_kernels=list(ef_kernels))
+        row = dict(row0, density=d, k=k, count=c, default_path=default_path)
         cap = min(n, 2 * c + 1024)
         oi, ov = cp.empty(cap, cp.int32), cp.empty(cap, cp.float32)
-        sel_variants = list(variants) + ["local"]   # local: the two-launch path
-        row.update(sel_variants=sel_variants, threshold_path=default_path)
-        ntiles = -(-n // _cuda.LOCAL_TILE)
-        lcap = _cuda.local_cap(ntiles, c)
+        ntiles = -(-n // _cuda_select.SEL_TILE)
+        lcap = _cuda_select.local_cap(ntiles, c)
         scratch = (cp.empty(ntiles, cp.uint32), cp.empty(ntiles * lcap, cp.int32),
                    cp.empty(ntiles * lcap, cp.float32))
 
-        def thr_kernel(v):
-            if v == "local":
-                return graph_time(lambda b: _cuda._select_local(
+        def thr_kernel(path):
+            if path == "local":
+                return graph_time(lambda b: _cuda_select.local_select(
                     xs[b], n, key, cap, oi, ov, lcap, scratch, read_total=False), nbuf)
-            return graph_time(lambda b: _cuda._select(
-                f"sel_thr{v}", xs[b], None, None, n, key, _cuda._NOKEY, 0, None, cap, oi, ov,
+            return graph_time(lambda b: _cuda_select.lookback_select(
+                "sel_thr8", xs[b], None, n, key, _cuda_select.NOKEY, 0, None, cap, oi, ov,
                 read_total=False), nbuf)
 
-        def use(v):
-            """Route kernels.threshold_select through variant v (or the local path)."""
-            _cuda.THRESHOLD_PATH = "local" if v == "local" else "lookback"
-            _cuda.SELECT_VARIANT = default_v if v == "local" else v
-
         if "select" in parts:
-            for v in sel_variants:
-                row[f"thr_k_{v}"] = thr_kernel(v)
-            for v in sel_variants:                          # a second pass: the spread
-                row[f"thr_k2_{v}"] = thr_kernel(v)
-            for name in ef_kernels:
-                def ef(b, name=name):
-                    zero_res(b)
-                    _cuda._select(name, res[b], xs[b], None, n, key, _cuda._NOKEY, 0, None,
-                                  cap, oi, ov, read_total=False)
-                row[f"ef_k_{name}"] = graph_time(ef, nbuf) - row0["memset_r"]
-            row["thr_k_again"] = thr_kernel(                # the spread of one figure
-                "local" if default_path == "local" and n >= _cuda.LOCAL_MIN_N else default_v)
-            for name in [e for e in ("sel_efr4", "sel_efs4") if e in ef_kernels]:   # and EF
-                row[f"ef_k_again_{name}"] = graph_time(
-                    lambda b, name=name: (zero_res(b), _cuda._select(
-                        name, res[b], xs[b], None, n, key, _cuda._NOKEY, 0, None, cap, oi, ov,
-                        read_total=False)), nbuf) - row0["memset_r"]
-            for v in sel_variants:
-                use(v)
-                row[f"thr_call_{v}"] = bench(lambda b: kernels.threshold_select(xs[b], t),
-                                             reps, nbuf)[0]
-            _cuda.SELECT_VARIANT, _cuda.THRESHOLD_PATH = default_v, default_path
-            if ef_kernels:
-                row["ef_call"] = bench(lambda b: kernels.threshold_select_ef(res[b], xs[b], t),
-                                       reps, nbuf, setup=lambda b: res[b].fill(0))[0]
+            for p in PATHS:
+                row[f"thr_k_{p}"] = thr_kernel(p)
+            for p in PATHS:                                 # a second pass: the spread
+                row[f"thr_k2_{p}"] = thr_kernel(p)
+            for p in PATHS:
+                row[f"thr_call_{p}"] = bench(
+                    lambda b, p=p: _cuda.threshold_select(xs[b], t, path=p), reps, nbuf)[0]
+            row["thr_call"] = bench(lambda b: kernels.threshold_select(xs[b], t), reps, nbuf)[0]
         if "topk" in parts:
-            for v in variants:
-                _cuda.SELECT_VARIANT = v
-                row[f"topk_{v}"] = bench(lambda b: kernels.topk_select(xs[b], k), reps, nbuf)[0]
-            _cuda.SELECT_VARIANT = default_v
-            row["kth"] = bench(lambda b: _cuda._radix(xs[b], k), reps, nbuf)[0]
+            row["topk"] = bench(lambda b: kernels.topk_select(xs[b], k), reps, nbuf)[0]
+            row["kth"] = bench(lambda b: _cuda_topk.radix(xs[b], k), reps, nbuf)[0]
         if want_torch:
             row["torch"] = bench(lambda b: torch.topk(xts[b].abs(), k, sorted=False), reps, nbuf)[0]
 
@@ -287,30 +249,16 @@ def run_size(log2n, densities, reps, parts, results, checks, variants, ef_kernel
             row["cupy_argp"] = bench(cupy_argp, reps, nbuf)[0]
             row["cupy_thr"] = bench(cupy_thr, reps, nbuf)[0]
 
-        # same answers as the other routes, on this data, for every variant
-        ok = True
+        # same answers as the other routes, on this data, by both threshold paths
         gi, _ = cupy_topk(0)
         ci, cv = cupy_thr(0)
-        for v in variants:
-            _cuda.SELECT_VARIANT = v
-            oi2, _ = kernels.topk_select(xs[0], k)
-            ok &= bool(cp.array_equal(oi2, gi.astype(cp.int32)))
-            ti2, tv2 = kernels.threshold_select(xs[0], t)
-            ok &= bool(cp.array_equal(ti2, ci.astype(cp.int32))) and bool(cp.array_equal(tv2, cv))
-        _cuda.SELECT_VARIANT = default_v
+        ok = bool(cp.array_equal(kernels.topk_select(xs[0], k)[0], gi.astype(cp.int32)))
+        for p in PATHS:
+            ti, tv = _cuda.threshold_select(xs[0], t, path=p)
+            ok &= bool(cp.array_equal(ti, ci.astype(cp.int32))) and bool(cp.array_equal(tv, cv))
         if want_torch and n <= 1 << 26:
             ti = torch.topk(xts[0].abs(), k, sorted=False).indices
             ok &= bool(cp.array_equal(gi.astype(cp.int32), cp.sort(cp.from_dlpack(ti)).astype(cp.int32)))
-        ef_out = []                 # EF: every kernel, the same output and residual
-        for name in ef_kernels:
-            r = res[0]
-            r.fill(0)
-            got = _cuda._select(name, r, xs[0], None, n, key, _cuda._NOKEY, 0, None, cap, oi, ov)
-            ef_out.append((got, oi[:c].copy(), ov[:c].copy(), r.copy()))
-        ok &= all(e[0] == ef_out[0][0] and all(cp.array_equal(a, b) for a, b in zip(e[1:], ef_out[0][1:]))
-                  for e in ef_out)
-        if ef_out:
-            ok &= bool(cp.array_equal(ef_out[0][1], ci.astype(cp.int32)))
         checks.append((n, d, ok))
         results.append(row)
         print(fmt_row_short(row), flush=True)
@@ -393,12 +341,12 @@ def run_sparse(log2n, reps, results):
     gi, gv = cp.concatenate(sets), cp.concatenate(vals)
     row["scatter_add_merged"] = bench(lambda b: kernels.scatter_add(dense, ui, uv), reps, 1)[0]
     row["scatter_add_raw"] = bench(lambda b: kernels.scatter_add(dense, gi, gv), reps, 1)[0]
-    os.environ["AUTOTUNE_KERNELS_CUDA"] = "0"
-    try:
-        row["coo_sum_generic"] = bench(lambda b: kernels.coo_sum(sets, vals, n), reps, 1)[0]
-        row["scatter_add_generic"] = bench(lambda b: kernels.scatter_add(dense, gi, gv), reps, 1)[0]
-    finally:
-        del os.environ["AUTOTUNE_KERNELS_CUDA"]
+
+    def coo_sum_generic(b):     # the array-module route: stable sort, cupy's add.reduceat
+        uidx, sval, starts = _sparse._runs(cp, cp.concatenate(sets), cp.concatenate(vals))
+        return uidx, cp.add.reduceat(sval, starts)
+    row["coo_sum_generic"] = bench(coo_sum_generic, reps, 1)[0]
+    row["scatter_add_generic"] = bench(lambda b: cp.add.at(dense, gi, gv), reps, 1)[0]
     import cupyx
 
     row["cupyx_scatter_add"] = bench(lambda b: cupyx.scatter_add(dense, gi, gv), reps, 1)[0]
@@ -415,15 +363,9 @@ def _f(r, key, fmt="{:.4f}"):
 
 
 def fmt_row_short(r):
-    V, E = r.get("sel_variants", r["variants"]), r["ef_kernels"]
-    v = "/".join(_f(r, f"thr_k_{x}") for x in V)
-    v2 = "/".join(_f(r, f"thr_k2_{x}") for x in V)
-    e = "/".join(_f(r, f"ef_k_{x}") for x in E)
-    e += " (again efr4/efs4 " + "/".join(_f(r, f"ef_k_again_{x}") for x in ("sel_efr4", "sel_efs4")) + ")"
-    tk = "/".join(_f(r, f"topk_{x}") for x in V)
+    thr = " / ".join(f"{p} {_f(r, f'thr_k_{p}')} (2nd {_f(r, f'thr_k2_{p}')})" for p in PATHS)
     return (f"n=2^{r['log2n']} d={r['density']}: read {r['read']:.4f} copy {r['copy']:.4f} "
-            f"| thr kernel {'/'.join(V)} {v} (2nd pass {v2}; default again {_f(r, 'thr_k_again')}) "
-            f"| ef kernel {'/'.join(E)} {e} | topk {tk} ms")
+            f"| thr kernel {thr} | call {_f(r, 'thr_call')} | topk {_f(r, 'topk')} ms")
 
 
 def markdown(info, results, sparse, checks, gauss):
@@ -437,56 +379,44 @@ def markdown(info, results, sparse, checks, gauss):
     L.append("")
     sel = [r for r in results if any(k.startswith("thr_k_") for k in r)]
     if sel:
-        r0 = sel[0]
-        V, E = r0.get("sel_variants", r0["variants"]), r0["ef_kernels"]
-        L.append("Threshold selection against the memory floor, every variant in one run. "
+        L.append("Threshold selection against the memory floor, both launch paths in one run. "
                  "ms are medians of CUDA-graph replays (GPU time per launch); x read = time / "
-                 "one read of the input (the read-only kernel); variants: 4 / 8 float4 per "
-                 "lane (tiles of 4096 / 8192), direct writes after the look-back; s4 / s8 the "
-                 "same tiles, selected entries staged in shared memory and copied out in "
-                 "order; 16: tiles of 16384, direct; v8: direct, values kept in registers; "
-                 "local: two launches, tile-local compaction into scratch then a stitch "
-                 "(offsets by one look-back per group of tiles, copy out). "
-                 f"Defaults in this run: {r0['select_variant']}, threshold path "
-                 f"{r0.get('threshold_path', 'lookback')} (from n = 2^"
-                 f"{_cuda.LOCAL_MIN_N.bit_length() - 1}), EF {r0['ef_kernel']}; "
-                 "'2nd' = every variant timed again in a second pass after the first "
-                 "(the spread); 'again' = the default once more after the EF kernels. "
-                 "EF GB/s = (12n + 8c) / time.")
+                 "one read of the input (the read-only kernel); lookback: one pass, a "
+                 "decoupled look-back per tile of 8192; local: two launches, tile-local "
+                 "compaction into scratch then a stitch (offsets by one look-back per group "
+                 "of tiles, copy out), the default from n = 2^"
+                 f"{_cuda_select.LOCAL_MIN_N.bit_length() - 1}; '2nd' = the same kernel "
+                 "timed again in a second pass (the spread); call = the Python call with the "
+                 "count read-back; GB/s = (4n + 8c) / time.")
         L.append("")
         L.append("| n | density | selected c | read ms | " + " | ".join(
-            f"thr {v} ms (x read) | 2nd" for v in V) + " | again | " + " | ".join(
-            f"call {v} ms" for v in V) + "".join(
-            f" | EF {e[4:]} ms (GB/s)" for e in E) + " | again efr4 / efs4 |")
-        L.append("|---" * (4 + 3 * len(V) + 1 + len(E) + 1) + "|")
+            f"{p} kernel ms (x read) | 2nd | {p} GB/s" for p in PATHS) + " | " + " | ".join(
+            f"call {p} ms" for p in PATHS) + " | call default ms |")
+        L.append("|---" * (4 + 3 * len(PATHS) + len(PATHS) + 1) + "|")
         for r in sel:
-            n = r["n"]
+            fewest = 4 * r["n"] + 8 * r["count"]
             L.append(
                 f"| 2^{r['log2n']} | {r['density']:g} | {r['count']} | {r['read']:.4f} | "
-                + " | ".join(f"{r[f'thr_k_{v}']:.4f} ({r[f'thr_k_{v}'] / r['read']:.2f}) | "
-                             f"{r[f'thr_k2_{v}']:.4f} ({r[f'thr_k2_{v}'] / r['read']:.2f})" for v in V)
-                + f" | {r['thr_k_again']:.4f} | "
-                + " | ".join(f"{r[f'thr_call_{v}']:.4f}" for v in V)
-                + "".join(f" | {r[f'ef_k_{e}']:.4f} ({gbps(12 * n + 8 * r['count'], r[f'ef_k_{e}']):.0f})"
-                          for e in E)
-                + f" | {_f(r, 'ef_k_again_sel_efr4')} / {_f(r, 'ef_k_again_sel_efs4')} |")
-    tk = [r for r in results if any(k.startswith("topk_") for k in r)]
+                + " | ".join(f"{r[f'thr_k_{p}']:.4f} ({r[f'thr_k_{p}'] / r['read']:.2f}) | "
+                             f"{r[f'thr_k2_{p}']:.4f} | {gbps(fewest, r[f'thr_k_{p}']):.0f}"
+                             for p in PATHS)
+                + " | " + " | ".join(f"{r[f'thr_call_{p}']:.4f}" for p in PATHS)
+                + f" | {r['thr_call']:.4f} |")
+    tk = [r for r in results if "topk" in r]
     if tk:
-        V = tk[0]["variants"]
         L.append("")
-        L.append("Exact top-k (ms per call, median) per select variant; with routes: "
-                 "torch.topk and cupy's routes.")
+        L.append("Exact top-k (ms per call, median); with routes: torch.topk and cupy's routes.")
         L.append("")
-        L.append("| n | density | k | " + " | ".join(f"topk {v} ms" for v in V)
-                 + " | pass-1 hist kernel ms | radix only ms | torch.topk ms | cupy generic ms "
-                 "| cupy argpartition ms | torch thr+nonzero ms | cupy thr+flatnonzero ms |")
-        L.append("|---" * (3 + len(V) + 7) + "|")
+        L.append("| n | density | k | topk ms | topk x read | pass-1 hist kernel ms | radix only ms "
+                 "| torch.topk ms | cupy generic ms | cupy argpartition ms "
+                 "| torch thr+nonzero ms | cupy thr+flatnonzero ms |")
+        L.append("|---" * 12 + "|")
         for r in tk:
-            L.append(f"| 2^{r['log2n']} | {r['density']:g} | {r['k']} | "
-                     + " | ".join(f"{r[f'topk_{v}']:.4f}" for v in V)
-                     + f" | {_f(r, 'hist1')} | {_f(r, 'kth')} | {_f(r, 'torch')} "
-                     f"| {_f(r, 'cupy_topk', '{:.3f}')} | {_f(r, 'cupy_argp', '{:.3f}')} "
-                     f"| {_f(r, 'torch_thr')} | {_f(r, 'cupy_thr')} |")
+            L.append(f"| 2^{r['log2n']} | {r['density']:g} | {r['k']} | {r['topk']:.4f} "
+                     f"| {r['topk'] / r['read']:.2f} | {_f(r, 'hist1')} | {_f(r, 'kth')} "
+                     f"| {_f(r, 'torch')} | {_f(r, 'cupy_topk', '{:.3f}')} "
+                     f"| {_f(r, 'cupy_argp', '{:.3f}')} | {_f(r, 'torch_thr')} "
+                     f"| {_f(r, 'cupy_thr')} |")
     if gauss:
         L.append("")
         L.append("Gaussiank's selection, `kernels.gaussian_select` per call (ms, median): new = "
@@ -521,9 +451,9 @@ def markdown(info, results, sparse, checks, gauss):
                      f"| {r['cupyx_scatter_add']:.3f} |")
     bad = [c for c in checks if not c[2]]
     L.append("")
-    L.append(f"Cross-checks (every variant's threshold and top-k == cupy's generic routes; "
-             f"every EF kernel the same output and residual; torch.topk indices where "
-             f"n <= 2^26 with routes): {len(checks) - len(bad)}/{len(checks)} agree"
+    L.append(f"Cross-checks (top-k and both threshold paths == cupy's generic routes; "
+             f"torch.topk indices where n <= 2^26 with routes): "
+             f"{len(checks) - len(bad)}/{len(checks)} agree"
              + (f"; DISAGREE: {bad}" if bad else ""))
     return "\n".join(L)
 
@@ -531,26 +461,23 @@ def markdown(info, results, sparse, checks, gauss):
 def smoke():
     """Small sizes, every kernel once, checked against numpy (for compute-sanitizer)."""
     rng = np.random.default_rng(int(time.time()))
-    pairs = [(v, EF_KERNELS[i % len(EF_KERNELS)], "lookback") for i, v in enumerate(_cuda.VARIANTS)]
-    pairs.append(("8", "sel_efs4", "local"))   # the two-launch threshold path, at every n
-    min_n, share = _cuda.LOCAL_MIN_N, _cuda.LOCAL_MAX_SHARE
-    _cuda.LOCAL_MIN_N, _cuda.LOCAL_MAX_SHARE = 0, 1.0   # the local path at every n and count
-    for n, (variant, ef, path) in itertools.product((1, 5, 4097, 70_001), pairs):
-        _cuda.SELECT_VARIANT, _cuda.EF_KERNEL, _cuda.THRESHOLD_PATH = variant, ef, path
-        _cuda._CAP_HINT.clear()
+    for n in (1, 5, 4097, 70_001):
         x = rng.standard_normal(n).astype(np.float32)
         x[::7] = 1.0
         xg = cp.asarray(x)
         for k in sorted({1, max(1, n // 100), n}):
             a, b = kernels.topk_select(xg, k), kernels.topk_select(x, k)
             assert np.array_equal(a[0].get(), b[0]) and np.array_equal(a[1].get(), b[1])
+            if k < n:       # the radix select, below the one-block kernel's sizes too
+                a = _cuda.topk_select(xg, k, small_max=0)
+                assert np.array_equal(a[0].get(), b[0]) and np.array_equal(a[1].get(), b[1])
         t = float(np.quantile(np.abs(x), 0.9))
-        a, b = kernels.threshold_select(xg, t), kernels.threshold_select(x, t)
-        assert np.array_equal(a[0].get(), b[0]) and np.array_equal(a[1].get(), b[1])
-        r = rng.standard_normal(n).astype(np.float32)
-        rg = cp.asarray(r)
-        a, b = _cuda.threshold_select_ef(rg, xg, t, cap=3), kernels.threshold_select_ef(r, x, t)
-        assert np.array_equal(a[0].get(), b[0]) and np.array_equal(rg.get(), r)
+        b = kernels.threshold_select(x, t)
+        for path in PATHS:
+            _cuda_select._CAP_HINT.clear()
+            for cap in (None, 3):       # 3: the output overflows, written again
+                a = _cuda.threshold_select(xg, t, cap=cap, path=path)
+                assert np.array_equal(a[0].get(), b[0]) and np.array_equal(a[1].get(), b[1])
         i = rng.integers(0, max(1, n // 3), 3 * n).astype(np.int32)
         v = rng.standard_normal(3 * n).astype(np.float32)
         a, b = kernels.coo_sum(cp.asarray(i), cp.asarray(v)), kernels.coo_sum(i, v)
@@ -566,8 +493,7 @@ def smoke():
         a, b = kernels.gaussian_select(xg, k, 0.01), kernels.gaussian_select(x, k, 0.01)
         assert np.array_equal(a[0].get(), b[0]) and math.isclose(a[2], b[2], rel_tol=1e-12)
     cp.cuda.runtime.deviceSynchronize()
-    _cuda.LOCAL_MIN_N, _cuda.LOCAL_MAX_SHARE = min_n, share
-    print("smoke: all kernels (every variant, both threshold paths) agree with numpy")
+    print("smoke: all kernels (both threshold paths, radix and one-block top-k) agree with numpy")
 
 
 def main(argv=None):
@@ -583,19 +509,11 @@ def main(argv=None):
     ap.add_argument("--md", help="write the markdown tables here")
     ap.add_argument("--json", help="write raw results here")
     ap.add_argument("--smoke", action="store_true", help="small correctness run only")
-    ap.add_argument("--variants", default=",".join(_cuda.VARIANTS),
-                    help="select variants to time (comma list of kernels._cuda.VARIANTS)")
-    ap.add_argument("--ef", default=",".join(EF_KERNELS),
-                    help="EF kernels to time (comma list; empty: none)")
     args = ap.parse_args(argv)
     parts = set(args.parts.split(","))
     unknown = parts - {"select", "topk", "routes", "sparse", "gaussian"}
     if unknown:
         ap.error(f"unknown parts {sorted(unknown)}")
-    variants = [v for v in args.variants.split(",") if v]
-    ef_kernels = [e for e in args.ef.split(",") if e]
-    if set(variants) - set(_cuda.VARIANTS) or set(ef_kernels) - set(EF_KERNELS):
-        ap.error(f"variants from {_cuda.VARIANTS}, EF kernels from {EF_KERNELS}")
     if args.no_torch:
         parts.discard("routes")
     _cuda.warm_up()
@@ -608,7 +526,7 @@ def main(argv=None):
     results, sparse, checks, gauss = [], [], [], []
     if parts & {"select", "topk", "routes"}:
         for log2n in [int(v) for v in args.log2n.split(",")]:
-            run_size(log2n, densities, args.reps, parts, results, checks, variants, ef_kernels)
+            run_size(log2n, densities, args.reps, parts, results, checks)
             cp.get_default_memory_pool().free_all_blocks()
     if "gaussian" in parts:
         for log2n in [int(v) for v in args.gaussian_log2n.split(",") if v]:
