@@ -1,8 +1,8 @@
 """Local computation: selection and sparse arithmetic on numpy or cupy arrays.
 
 Pure functions; the array module comes from the input.  No communication here.
-On cupy float32 arrays the hot paths (threshold selection, its error-feedback
-form, exact top-k, COO sum, scatter-add) run hand-written CUDA from
+On cupy float32 arrays the hot paths (threshold selection, exact top-k,
+Gaussiank's statistics, COO sum, scatter-add) run hand-written CUDA from
 ``kernels._cuda``, which is imported (and cupy with it) only when a cupy
 array arrives; results equal the numpy path's (same indices, equal values).
 """
@@ -12,9 +12,7 @@ from ._select import (
     gaussian_threshold,
     k_from_density,
     kth_magnitude,
-    sampled_threshold,
     threshold_select,
-    threshold_select_ef,
     topk_indices,
     topk_select,
 )
@@ -42,11 +40,9 @@ __all__ = [
     "k_from_density",
     "kth_magnitude",
     "region_bounds",
-    "sampled_threshold",
     "scatter_add",
     "split_by_bounds",
     "threshold_select",
-    "threshold_select_ef",
     "to_dense",
     "topk_indices",
     "topk_select",

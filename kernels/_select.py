@@ -5,10 +5,10 @@ Indices are returned sorted ascending, as int32 (int64 when n >= 2**31), so
 that every consumer sees a canonical, deterministic COO layout.
 
 On cupy float32 input the work goes to hand-written CUDA (``_cuda``): a
-one-pass threshold selection (fused compare + ordered compaction), its
-error-feedback variant, and an exact top-k by radix select; every other
-input runs the generic array-module code below, which is also the
-reference the CUDA kernels are tested against (same indices, equal values).
+threshold selection with ordered compaction, an exact top-k by radix select
+and Gaussiank's statistics; every other input runs the generic array-module
+code below, which is also the reference the CUDA kernels are tested against
+(same indices, equal values).
 """
 from __future__ import annotations
 
@@ -42,8 +42,9 @@ def _workspace(x, work):
 
     ``work(tag, size, dtype)`` hands out a reusable 1-D scratch array (contents
     undefined; the caller's, e.g. ``Algorithm.scratch``): on a CPU a fresh
-    temporary of a large vector costs a page-zeroing pass of its own (about a
-    fifth of an exact top-k of 2^24 floats; BENCHMARKS).  cupy has its memory pool.
+    temporary of a large vector costs a page-zeroing pass of its own
+    (docs/BENCHMARKS.md, "The selection kernels' temporaries reused too").
+    cupy has its memory pool.
     """
     if work is not None and isinstance(x, np.ndarray):
         return work
@@ -109,29 +110,6 @@ def kth_magnitude(x, k: int, *, work=None) -> float:
     return float(mag[n - k])
 
 
-def sampled_threshold(x, k: int, *, sample: int = 1 << 16) -> float:
-    """Estimate of the k-th largest |x| from a strided sample of ``sample`` entries.
-
-    The sample is x[(i * n) // s] for i < s = min(n, sample): fixed positions,
-    so every rank and both array modules get the same estimate for the same
-    data.  Its exact ks-th largest magnitude, ks = round(k s / n), estimates
-    the top-k threshold at the cost of reading s entries (the relative error
-    of the selected count is about 1/sqrt(ks)).  With s >= n it is exact.
-    """
-    n = x.size
-    _check_k(k, n, lo=1)
-    if sample < 1:
-        raise ValueError(f"sample must be >= 1, got {sample}")
-    s = min(n, int(sample))
-    if s == n:
-        return kth_magnitude(x, k)
-    xp = array_module(x)
-    pos = (xp.arange(s, dtype=xp.int64) * n) // s
-    sub = x.reshape(-1)[pos]
-    ks = min(s, max(1, int(round(k * s / n))))
-    return kth_magnitude(sub, ks)
-
-
 def threshold_select(x, threshold: float, *, work=None):
     """COO of entries with ``|x| >= threshold``: (int32 indices sorted, values).
 
@@ -142,52 +120,18 @@ def threshold_select(x, threshold: float, *, work=None):
     cu = fast_float32(x)
     if cu is not None:
         return cu.threshold_select(cu.prepare(x), threshold)
+    return _threshold_select_xp(x, threshold, work)
+
+
+def _threshold_select_xp(x, threshold, work=None):
+    """Generic (numpy or cupy) threshold selection: a mask, then its nonzeros.
+    ``work``: scratch for the temporaries (numpy; see :func:`_workspace`)."""
     xp = array_module(x)
     work = _workspace(x, work)
     mask = xp.greater_equal(_magnitudes(x, work), weak_threshold(x, threshold),
                             out=work("mask", x.size, np.bool_))
     idx = xp.flatnonzero(mask).astype(index_dtype(x.size), copy=False)
     return idx, x.reshape(-1)[idx]
-
-
-def threshold_select_ef(residual, x, threshold: float):
-    """Error-feedback threshold selection, in place on ``residual``.
-
-    Computes acc = residual + x into ``residual``, selects the entries with
-    |acc| >= threshold, zeroes them in ``residual`` and returns them as COO
-    (int32 indices sorted, values of acc).  Afterwards
-    ``residual + to_dense(idx, vals)`` equals the old ``residual + x``
-    exactly, which is the conservation invariant of error feedback.
-
-    On the GPU this is one fused pass (read residual and x, write residual
-    and the selection) instead of an add, a compare, a compaction and a
-    scatter.
-
-    Args:
-        residual: contiguous float array, updated in place.
-        x: array of residual's size and dtype.
-        threshold: as in :func:`threshold_select`.
-
-    Returns:
-        (indices, values)
-    """
-    if x.size != residual.size:
-        raise ValueError(f"residual has {residual.size} entries, x has {x.size}")
-    cu = fast_float32(residual)
-    if (cu is not None and x.dtype == residual.dtype and residual.flags.c_contiguous
-            and cu.aligned(residual) and type(x) is type(residual)):
-        return cu.threshold_select_ef(residual.reshape(-1), cu.prepare(x), threshold)
-    xp = array_module(residual)
-    residual += x.reshape(residual.shape)
-    idx = xp.flatnonzero(xp.abs(residual) >= weak_threshold(residual, threshold))
-    idx = idx.astype(index_dtype(residual.size), copy=False)
-    flat = residual.reshape(-1)
-    vals = flat[idx]
-    if residual.ndim == 1:
-        residual[idx] = 0
-    else:
-        xp.put(residual, idx, 0)
-    return idx, vals
 
 
 def topk_select(x, k: int, *, work=None):

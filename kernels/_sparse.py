@@ -17,6 +17,18 @@ def _stable_argsort(xp, a):
     return xp.argsort(a)  # cupy's argsort is always stable (thrust stable_sort_by_key)
 
 
+def _runs(xp, idx, val):
+    """Sort a COO set by index (stably) into runs of equal indices: (the
+    distinct indices, the values in sorted order, the start of each run)."""
+    order = _stable_argsort(xp, idx)
+    sidx = idx[order]
+    new = xp.empty(sidx.size, dtype=bool)
+    new[0] = True
+    xp.not_equal(sidx[1:], sidx[:-1], out=new[1:])
+    starts = xp.flatnonzero(new)
+    return sidx[starts], val[order], starts
+
+
 def coo_sum(indices, values, n: int | None = None):
     """Merge several COO sets (or one concatenated set with repeats) into one.
 
@@ -42,21 +54,14 @@ def coo_sum(indices, values, n: int | None = None):
         xp = array_module(val)
     if idx.size == 0:
         return idx.astype(index_dtype(n or 0), copy=False), val
-    order = _stable_argsort(xp, idx)
-    sidx = idx[order]
-    sval = val[order]
-    new = xp.empty(sidx.size, dtype=bool)
-    new[0] = True
-    xp.not_equal(sidx[1:], sidx[:-1], out=new[1:])
-    starts = xp.flatnonzero(new)
-    uidx = sidx[starts]
-    if starts.size == sidx.size:
+    uidx, sval, starts = _runs(xp, idx, val)
+    if starts.size == sval.size:
         return uidx, sval
     cu = cuda_kernels(sval)
     if cu is not None and sval.dtype in (np.float32, np.float64):
         return uidx, cu.segment_sums(sval, starts)  # numpy's reduceat order, bitwise
     # (cupy's own add.reduceat differences a running sum: not numpy's bits, and
-    # inexact under cancellation; it serves only the CUDA-off path)
+    # inexact under cancellation; on cupy it serves only other value dtypes)
     return uidx, xp.add.reduceat(sval, starts)
 
 

@@ -5,7 +5,6 @@ machine never imports it.
 """
 from __future__ import annotations
 
-import os
 import sys
 
 import numpy as np
@@ -30,9 +29,8 @@ def index_dtype(n: int):
 def cuda_kernels(x):
     """The hand-written CUDA kernels (``kernels._cuda``) when ``x`` is a cupy
     array, else None.  Importing them imports cupy, so this is the one place
-    that decides when that happens.  ``AUTOTUNE_KERNELS_CUDA=0`` turns them
-    off (the generic cupy code then runs), for comparisons and bisecting."""
-    if not is_device_array(x) or os.environ.get("AUTOTUNE_KERNELS_CUDA", "1") == "0":
+    that decides when that happens."""
+    if not is_device_array(x):
         return None
     from . import _cuda
 

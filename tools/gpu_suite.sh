@@ -38,8 +38,10 @@ conf)
   "${MPI[@]}" $PY -m tests.mpi.half_checks --backend mpi --array gpu
   ;;
 gpukernels)
-  step "GPU kernel tests"
-  $PY -m pytest -q -p no:cacheprovider -o addopts="" tests/test_gpu_kernels.py tests/test_kernels.py 2>&1 | tail -5
+  # the GPU kernel tests and the kernel benchmark's smoke run (tools/gpu_kernels_check.sh;
+  # BASE=REV there also compares every kernel result with REV's, bitwise)
+  step "GPU kernel tests and smoke run"
+  PY=$PY tools/gpu_kernels_check.sh 2>&1 | grep -E "passed|failed|error|smoke|^===" | tail -8
   ;;
 bench)
   ALGOS=${ALGOS:-}
