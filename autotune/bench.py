@@ -19,41 +19,37 @@ import time
 
 import numpy as np
 
-import collectives
-from collectives import ALGORITHMS, timeit, timeit_interleaved
+from collectives import ALGORITHMS, BACKENDS, timeit, timeit_interleaved
 
 from .dispatch import parse_spec
 
 
 def sweep(comm, sizes, algorithms, density: float, repeat: int, warmup: int, seed: int = 0,
-          progress=None, device: str = "cpu", baseline: str = "mpi", order: str = "auto",
+          progress=None, device: str = "cpu", baseline: str | None = None, order: str = "auto",
           gap_s: float = 0.0):
     """Time every algorithm at every n; one row per (n, algorithm).
 
     ``order="interleaved"`` runs repeat i of every algorithm before repeat i+1 of
     any (``collectives.timeit_interleaved``), so slow drifts of a shared machine
     fall on all algorithms of a size alike and their ratios (speedups, the regret
-    study's best/chosen) are measured side by side: on this project's 2-core CPU
-    machine it halved the noise floor of the regret study.  It keeps every
-    algorithm's state and scratch alive for the whole size (more memory), and
-    each call finds the caches as the other algorithms left them.
-    ``"sequential"`` runs each algorithm's warm-up and repeats in turn and frees
-    it before the next.  ``"auto"`` (default): interleaved for host data,
-    sequential on GPUs, where interleaving made TopkA 1.6-2x slower at 2^22-2^24
-    than the profiler's sequential runs of the same code on the same kind of H200
-    host: the other algorithms' calls put a pause of tens of ms before each call,
-    and any such pause slows the next call (see ``gap_s``; TopkA interleaved with
-    NCCL alone kept its time): docs/BENCHMARKS.md, "Side by side" and "Calls
-    after a gap".
+    study's best/chosen) are measured side by side.  It keeps every algorithm's
+    state and scratch alive for the whole size (more memory), and each call
+    finds the caches as the other algorithms left them.  ``"sequential"`` runs
+    each algorithm's warm-up and repeats in turn and frees it before the next.
+    ``"auto"`` (default): interleaved for host data, sequential on GPUs, where
+    the other algorithms' calls put a pause before each call and a paused GPU
+    call is slower (docs/BENCHMARKS.md, "Side by side" and "Calls after a gap").
+
+    ``baseline``: the algorithm the speedups are measured against (default: the
+    backend's native allreduce, ``comm.native``).
 
     ``gap_s`` > 0 pauses that long (host sleep, untimed) before every timed
     call, as a training step calls its allreduce after its forward and
-    backward pass rather than back to back.  On an H200 host any gap of 20-50
-    ms (sleep, host spin, or GPU work) made the next call slower: ncclAllReduce
-    at 2^24 0.34 -> 0.75-0.83 ms, TopkA 0.89 -> 1.8-1.9 ms
-    (docs/BENCHMARKS.md, "Calls after a gap").
+    backward pass rather than back to back (docs/BENCHMARKS.md, "Calls after a
+    gap", has what such a pause costs on a GPU).
     """
     order = resolve_order(order, device)
+    baseline = comm.native if baseline is None else baseline
     between = functools.partial(time.sleep, gap_s) if gap_s > 0 else None
     rows = []
     rng = np.random.default_rng([seed, comm.rank])
@@ -118,7 +114,7 @@ def resolve_order(order: str, device: str) -> str:
 def _row(comm, n, name, density, times, timed) -> dict:
     med = float(np.median(times))
     sent = max(t.total().bytes_sent for t in timed)
-    sent = int(comm._allreduce(np.array([sent], dtype=np.int64), "max")[0])
+    sent = int(comm.control_allreduce(np.array([sent], dtype=np.int64), "max")[0])
     kinds: dict[str, float] = {}
     for t in timed:
         for kk, v in t.by_kind().items():
@@ -143,10 +139,8 @@ def format_table(rows) -> str:
 
 
 def main(args) -> int:
-    comm = collectives.MPICommunicator()
-    if args.backend == "nccl":
-        comm = collectives.NCCLCommunicator(comm)
-    base = "nccl" if args.backend == "nccl" else "mpi"
+    comm = BACKENDS[args.backend]()
+    base = comm.native
     algos = (args.algorithms.split(",") if args.algorithms else
              [base] + [a for a, c in ALGORITHMS.items() if a != base and c.supports(comm)])
     if base not in algos:
@@ -165,7 +159,7 @@ def main(args) -> int:
                   f"{1e3 * r['median_s']:9.2f} ms  sent {r['bytes_sent_max'] / 1e6:8.2f} MB",
                   flush=True)
 
-    device = "gpu" if args.backend == "nccl" or args.device == "gpu" else "cpu"
+    device = args.device if args.device in comm.devices else comm.devices[0]
     rows = sweep(comm, sizes, algos, args.density, args.repeat, args.warmup, progress=progress,
                  device=device, baseline=base, order=args.order, gap_s=args.gap_ms / 1e3)
     if comm.rank == 0:

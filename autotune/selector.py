@@ -15,9 +15,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import costmodel
+from collectives import ALGORITHMS
 
-LOSSY = {"topka", "gaussiank", "gtopk", "topkdsa", "oktopk", "topka2a"}
+from . import costmodel
+from .profile import Profile
+
+
+def _lossy(algo: str) -> bool:
+    cls = ALGORITHMS.get(algo)
+    return cls is not None and cls.lossy
 
 
 @dataclass
@@ -46,7 +52,7 @@ class Decision:
 
 def _dens(algo: str, density) -> float:
     """Lossless algorithms ignore the density: one constant feature value for them."""
-    return 0.01 if algo not in LOSSY or density is None else float(density)
+    return 0.01 if not _lossy(algo) or density is None else float(density)
 
 
 def _features(algorithms, algo: str, n: int, P: int, density: float, model_s: float):
@@ -56,24 +62,31 @@ def _features(algorithms, algo: str, n: int, P: int, density: float, model_s: fl
             math.log(max(model_s, 1e-9)), *onehot]
 
 
+def default_algorithms(profile) -> list[str]:
+    """The registered algorithms that run on the profile's backend, sorted (all
+    of them when the profile does not say which backend it measured)."""
+    backend = Profile.of(profile).backend
+    return sorted(a for a, cls in ALGORITHMS.items() if backend is None or backend in cls.backends)
+
+
 class Selector:
     """Choose an algorithm per (n, P, density) from a profile.
 
     Args:
-        profile: the profile as a dict (autotune.profile.Profile.data or json).
-        algorithms: candidates (default: every algorithm with measured runs
-            and a cost model).
+        profile: an :class:`autotune.profile.Profile` (or its JSON document as a dict).
+        algorithms: candidates (default: every registered algorithm that runs
+            on the profile's backend, all of them if the profile names none;
+            those without runs in the profile are priced by the cost model).
         learn: train the correction (False: bare cost model, for comparison).
         runs: override the training runs (e.g. to hold some out).
     """
 
     def __init__(self, profile: dict, *, algorithms=None, learn: bool = True, runs=None,
                  random_state: int = 0):
+        profile = Profile.of(profile)
         self.machine = costmodel.Machine.from_profile(profile)
-        runs = list(profile.get("runs", []) if runs is None else runs)
-        measured = sorted({r["algorithm"] for r in runs})
-        pool = algorithms or measured or sorted(costmodel.TERMS)
-        self.algorithms = [a for a in pool if a in costmodel.TERMS]
+        runs = list(profile.runs if runs is None else runs)
+        self.algorithms = [a for a in (algorithms or default_algorithms(profile)) if a in ALGORITHMS]
         self.model = None
         self.domain = None  # (low, high) of (log2 n, log2 P, log10 density) over all runs
         self.domains: dict = {}  # the same per algorithm
@@ -120,7 +133,7 @@ class Selector:
 
     def choose(self, n: int, P: int, density: float = 0.01, *, lossy_ok: bool = True,
                candidates=None) -> Decision:
-        cands = [a for a in (candidates or self.algorithms) if lossy_ok or a not in LOSSY]
+        cands = [a for a in (candidates or self.algorithms) if lossy_ok or not _lossy(a)]
         if not cands:
             raise ValueError("no candidate algorithm left to choose from")
         pred, model = {}, {}

@@ -8,42 +8,53 @@
     out = algo(grad, name="fc1.weight", density=0.01)
     print(algo.last_traffic.total().bytes_sent)
 """
-from ._base import (ALGORITHMS, Algorithm, agree, SparseAllreduce, SparseState, check_intervals, register,
-                    validate)
+from ._base import (ALGORITHMS, BACKENDS, ITEM, Algorithm, Prices, agree, SparseAllreduce,
+                    SparseState, ceil_log2, check_intervals, register, unregister, validate)
+from ._base import CallRecord, Observation, observe
 from ._comm import Communicator, MPICommunicator, PhaseCounters, Traffic, mpi_library_version
 from ._timing import timeit, timeit_interleaved
 from ._nccl import NCCLCommunicator
 from ._dense import Dense, NativeMPI, NativeNCCL, rabenseifner
-from ._topk import GaussianK, TopkA
+from ._topk import GaussianK, GaussianKState, TopkA
 from ._tree import GTopk, TopkDSA
-from ._oktopk import OkTopk
+from ._oktopk import OkTopk, OkTopkState
 from ._topka2a import TopKA2A
 
 __all__ = [
     "ALGORITHMS",
     "Algorithm",
+    "BACKENDS",
     "agree",
+    "CallRecord",
     "Communicator",
     "Dense",
     "GTopk",
     "GaussianK",
+    "GaussianKState",
+    "ITEM",
     "MPICommunicator",
     "NCCLCommunicator",
     "NativeMPI",
     "NativeNCCL",
+    "Observation",
     "OkTopk",
+    "OkTopkState",
     "PhaseCounters",
+    "Prices",
     "SparseAllreduce",
     "SparseState",
     "TopkA",
     "TopKA2A",
     "TopkDSA",
     "Traffic",
+    "ceil_log2",
     "check_intervals",
     "rabenseifner",
     "register",
+    "unregister",
     "timeit",
     "timeit_interleaved",
     "mpi_library_version",
+    "observe",
     "validate",
 ]

@@ -2,38 +2,134 @@
 from __future__ import annotations
 
 import abc
+import inspect
+import math
 import zlib
-from typing import ClassVar
+from typing import ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 
 import kernels
 
-from ._comm import Communicator, Traffic
+from ._comm import Communicator, MPICommunicator, Traffic
+from ._nccl import NCCLCommunicator
 
 __all__ = [
     "ALGORITHMS",
+    "BACKENDS",
     "agree",
     "Algorithm",
+    "ITEM",
+    "Prices",
     "SparseAllreduce",
     "SparseState",
     "check_intervals",
+    "ceil_log2",
     "register",
     "SUPPORTED_DTYPES",
+    "union_size",
+    "unregister",
 ]
 
 ALGORITHMS: dict[str, type["Algorithm"]] = {}
+
+# The backends: name -> Communicator class; each declares its ``native``
+# allreduce (a registered algorithm name), the baseline ``autotune bench`` times.
+BACKENDS: dict[str, type[Communicator]] = {
+    c.backend: c for c in (MPICommunicator, NCCLCommunicator)}
 
 SUPPORTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 def register(cls):
-    """Class decorator: add an Algorithm subclass to ``ALGORITHMS`` under ``cls.name``."""
-    name = cls.name
+    """Class decorator: add an Algorithm subclass to ``ALGORITHMS`` under ``cls.name``.
+
+    Checks the declarations every consumer relies on (the dispatcher, the cost
+    model, the selector, ``autotune bench``, the conformance suite): a name,
+    ``lossy`` as a bool, backends from ``BACKENDS``, and no abstract method
+    left (``_call``, ``traffic_bound``, ``cost``).
+
+    Raises:
+        TypeError: a declaration is missing or abstract.
+        ValueError: the name is taken by another class, or a backend is unknown.
+    """
+    name = cls.__dict__.get("name")
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"{cls.__qualname__} must declare a class attribute name = '...'")
     if name in ALGORITHMS and ALGORITHMS[name] is not cls:
         raise ValueError(f"algorithm {name!r} registered twice")
+    if not isinstance(cls.lossy, bool):
+        raise TypeError(f"algorithm {name!r}: lossy must be True or False, got {cls.lossy!r}")
+    unknown = [b for b in cls.backends if b not in BACKENDS]
+    if unknown or not cls.backends:
+        raise ValueError(f"algorithm {name!r}: backends {cls.backends!r} must be a non-empty "
+                         f"tuple from {sorted(BACKENDS)}")
+    if inspect.isabstract(cls):
+        raise TypeError(f"algorithm {name!r} does not implement "
+                        f"{', '.join(sorted(cls.__abstractmethods__))}")
     ALGORITHMS[name] = cls
     return cls
+
+
+def unregister(name: str) -> None:
+    """Remove ``name`` from ``ALGORITHMS`` (a plug-in's tests clean up with it).
+
+    Instances already made keep working; dispatchers made earlier may still
+    cache them.
+    """
+    del ALGORITHMS[name]
+
+
+# -- what the cost terms are written against ------------------------------------------
+ITEM = 4  # bytes of a float32 value or an int32 index, as the cost terms count them
+
+
+def ceil_log2(P: int) -> int:
+    """ceil(log2 P), 0 for P = 1: rounds of a tree or recursive-doubling step."""
+    return math.ceil(math.log2(P)) if P > 1 else 0
+
+
+def union_size(n: int, k: int, P: int) -> float:
+    """Expected size of the union of P local top-k sets (heuristic: partial overlap)."""
+    return min(float(n), k * P ** 0.9)
+
+
+@runtime_checkable
+class Prices(Protocol):
+    """What an algorithm's ``cost`` may ask of a machine: seconds per primitive.
+
+    ``autotune.costmodel.Machine`` implements it from a profile (each message
+    priced in the size regime covering it); collectives knows nothing of
+    profiles.  Message sizes ``m`` are bytes, ``n`` element counts.
+    """
+
+    def t_p2p(self, m: float) -> float:
+        """One point-to-point message of m bytes."""
+
+    def t_allgather(self, m: float, P: int) -> float:
+        """Allgather of m bytes per rank."""
+
+    def t_alltoall(self, m: float, P: int) -> float:
+        """Alltoall of m bytes to each peer."""
+
+    def t_allreduce(self, m: float, P: int) -> float:
+        """The native allreduce of m bytes."""
+
+    def t_bcast(self, m: float, P: int) -> float:
+        """Broadcast of m bytes."""
+
+    def dense_passes(self, n: float, streams: int = 4) -> float:
+        """``streams`` full reads or writes of n elements (default 4: the
+        error-feedback sum acc = r + x and the dense output)."""
+
+    def topk(self, n: float) -> float:
+        """Exact top-k selection over n elements."""
+
+    def threshold(self, n: float) -> float:
+        """One threshold-selection scan over n elements."""
+
+    def reduce(self, n: float) -> float:
+        """Sparse (COO) reduction of n entries."""
 
 
 # -- validation ---------------------------------------------------------------
@@ -220,21 +316,22 @@ def _raise_problem(comm: Communicator, table, problem) -> None:
 
 # -- state -----------------------------------------------------------------------
 class SparseState:
-    """Per-tensor state of a sparse algorithm (error feedback and thresholds).
+    """Per-tensor state every sparse algorithm has (error feedback and counts).
 
     Fields, grouped as in PyTorch's PowerSGDState:
       tuned:      density, tau (region-boundary refresh interval), tau_prime
                   (threshold refresh interval)
-      internal:   residual, local_threshold, global_threshold, boundaries,
-                  iteration, local_control, global_control (how a reused
-                  threshold is being rescaled: Ok-Topk's adaptive_step)
+      internal:   residual, iteration
       statistics: selected_local, selected_global (counts at the last call)
+
+    An algorithm needing more per tensor (Ok-Topk's reused thresholds and
+    regions) subclasses it, with its own ``__slots__``, and names the
+    subclass in its ``state_class``.
     """
 
     __slots__ = (
         "density", "tau", "tau_prime",
-        "residual", "local_threshold", "global_threshold", "boundaries", "iteration",
-        "local_control", "global_control",
+        "residual", "iteration",
         "selected_local", "selected_global",
     )
 
@@ -246,11 +343,6 @@ class SparseState:
         self.tau = int(tau)
         self.tau_prime = int(tau_prime)
         self.residual = xp.zeros(n, dtype=dtype)
-        self.local_threshold: float | None = None
-        self.global_threshold: float | None = None
-        self.local_control: tuple[float, int] | None = None
-        self.global_control: tuple[float, int] | None = None
-        self.boundaries: list[int] | None = None
         self.iteration = 0
         self.selected_local = 0
         self.selected_global = 0
@@ -323,6 +415,14 @@ class Algorithm(abc.ABC):
         before = self.comm.traffic.copy()  # validation is not the algorithm's traffic
         out = self._call(x, name=name, density=density, **kw)
         self.last_traffic = self.comm.traffic.since(before)
+        if _OBSERVERS:  # after the call is complete: an observer's error leaves no half state
+            if density is None and self.lossy:
+                density = getattr(self, "default_density", None)
+            stats = getattr(self, "last_stats", None)
+            rec = CallRecord(self, name, int(x.size), density, self.last_traffic,
+                             None if stats is None else dict(stats), x, out)
+            for obs in tuple(_OBSERVERS):
+                obs.callback(rec)
         return out
 
     @abc.abstractmethod
@@ -332,6 +432,79 @@ class Algorithm(abc.ABC):
     @abc.abstractmethod
     def traffic_bound(n: int, P: int, k: int, itemsize: int = 4) -> int:
         """Upper bound on the bytes one rank sends, and on those it receives, per call."""
+
+    @staticmethod
+    @abc.abstractmethod
+    def cost(prices: Prices, n: int, P: int, k: int, *, tau_prime: int = 32,
+             tau: int = 64) -> float:
+        """Modelled seconds per call at n elements, P ranks and k selected per rank
+        (the paper's Table 1 terms plus local compute, priced by ``prices``; the
+        implementation's fixed cost per call is fitted apart, by the cost model)."""
+
+
+# -- observers: per-call tracing -------------------------------------------------
+class CallRecord:
+    """What an observer sees of one completed algorithm call (read only).
+
+    ``algorithm``: the instance; ``name``: the tensor name given (or None);
+    ``size``: input elements; ``density``: the call's (a lossy algorithm's
+    default when none was given; None for lossless ones); ``traffic``: the
+    call's ``last_traffic``; ``stats``: a copy of the algorithm's
+    ``last_stats`` dict where it keeps one (Ok-Topk), else None; ``x`` / ``out``:
+    the flat input and the output (do not modify them).
+    """
+
+    __slots__ = ("algorithm", "name", "size", "density", "traffic", "stats", "x", "out")
+
+    def __init__(self, algorithm, name, size, density, traffic, stats, x, out):
+        self.algorithm, self.name, self.size, self.density = algorithm, name, size, density
+        self.traffic, self.stats, self.x, self.out = traffic, stats, x, out
+
+    def __repr__(self) -> str:
+        return (f"CallRecord({self.algorithm.name!r}, name={self.name!r}, size={self.size}, "
+                f"density={self.density}, bytes_sent={self.traffic.total().bytes_sent})")
+
+
+class Observation:
+    """The handle :func:`observe` returns: ``remove()`` (or leaving a ``with``
+    block) stops the calls."""
+
+    __slots__ = ("callback",)
+
+    def __init__(self, callback):
+        self.callback = callback
+
+    def remove(self) -> None:
+        _OBSERVERS[:] = [o for o in _OBSERVERS if o is not self]
+
+    def __enter__(self) -> "Observation":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.remove()
+
+
+_OBSERVERS: list[Observation] = []
+
+
+def observe(callback) -> Observation:
+    """Call ``callback(record)`` (a :class:`CallRecord`) after every algorithm
+    call in this process, on this rank, in registration order, until the
+    returned handle's ``remove()``.
+
+    Observers run once the call is complete (output computed, per-tensor state
+    and ``last_traffic`` updated), so what they see is final.  An exception
+    in an observer propagates to the caller of the algorithm (observers after
+    it do not see that call); the algorithm's state is that of the completed
+    call, so later calls proceed as without the observer, but that call's
+    output does not reach the caller.  An observer that communicates must do
+    so on every rank alike.
+    """
+    if not callable(callback):
+        raise TypeError(f"observe needs a callable, got {callback!r}")
+    h = Observation(callback)
+    _OBSERVERS.append(h)
+    return h
 
 
 class SparseAllreduce(Algorithm):
@@ -346,6 +519,7 @@ class SparseAllreduce(Algorithm):
 
     lossy = True
     default_density = 0.01
+    state_class: ClassVar[type[SparseState]] = SparseState  # what ``_call`` makes per tensor
 
     def __init__(self, comm: Communicator, *, tau: int = 64, tau_prime: int = 32, **kw):
         super().__init__(comm, **kw)
@@ -370,7 +544,7 @@ class SparseAllreduce(Algorithm):
                 raise ValueError(f"tensor {name!r} changed size or dtype "
                                  f"({st.n}/{st.residual.dtype} -> {x.size}/{x.dtype})")
             xp = kernels.array_module(x)
-            st = self.states[name] = SparseState(
+            st = self.states[name] = self.state_class(
                 x.size, x.dtype, xp, density=density, tau=self.tau, tau_prime=self.tau_prime)
         st.density = float(density)
         if tau is not None:
@@ -391,6 +565,13 @@ class SparseAllreduce(Algorithm):
             acc[idx] = 0
         st.selected_local = int(idx.size)
         return idx, vals
+
+    def _take_regions(self, acc, st: SparseState):
+        """``_take_topk`` plus the index space cut into P equal regions (the
+        region-based exchanges): (idx, vals, bounds, array module)."""
+        idx, vals = self._take_topk(acc, st)
+        return idx, vals, kernels.region_bounds(acc.size, self.comm.size), \
+            kernels.array_module(acc)
 
     @abc.abstractmethod
     def _exchange(self, acc, state: SparseState): ...

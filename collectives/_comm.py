@@ -103,6 +103,8 @@ class Communicator(abc.ABC):
     """
 
     backend: str = "abstract"
+    native: str = ""  # the backend's own allreduce: a registered algorithm's name
+    devices: tuple[str, ...] = ()  # where its data may live ("cpu", "gpu"), preferred first
 
     def __init__(self, rank: int, size: int):
         self.rank = rank
@@ -217,6 +219,18 @@ class Communicator(abc.ABC):
         b = -(-2 * _nbytes(buf) * (p - 1) // p) if p > 1 else 0  # ceil
         self._count(b, b, 2 * (p - 1) if p > 1 else 0, 2 * (p - 1) if p > 1 else 0)
         return out
+
+    def control_allreduce(self, buf, op: str = "sum"):
+        """The same native allreduce, left out of the traffic counters.
+
+        For measurement bookkeeping around the algorithms (the slowest rank's
+        time, the busiest rank's bytes): a new array, ``op`` one of ``sum``,
+        ``max``, ``min``.  Collective like the rest: every rank calls it in the
+        same order.  Host (numpy) arrays on the NCCL backend go through MPI.
+        """
+        if op not in ("sum", "max", "min"):
+            raise ValueError(f"op must be 'sum', 'max' or 'min', got {op!r}")
+        return self._allreduce(buf, op)
 
     def bcast(self, buf, root: int = 0):
         """Broadcast ``buf`` from ``root`` in place (binomial-tree accounting)."""
@@ -345,6 +359,8 @@ class MPICommunicator(Communicator):
     """
 
     backend = "mpi"
+    native = "mpi"  # MPI_Allreduce (NativeMPI)
+    devices = ("cpu", "gpu")
 
     def __init__(self, comm=None, *, dup: bool = True):
         from mpi4py import MPI

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import kernels
 
-from ._base import Algorithm, register
+from ._base import ITEM, Algorithm, Prices, ceil_log2, register
 
 
 def rabenseifner(comm, x, scratch=None):
@@ -116,6 +116,21 @@ class Dense(Algorithm):
         words = 2 * (n * (p2 - 1) // p2 + rounds) + (n if P != p2 else 0)
         return words * itemsize
 
+    @staticmethod
+    def cost(prices: Prices, n, P, k, *, tau_prime=32, tau=64):
+        if P == 1:
+            return 0.0
+        p2 = 1 << (P.bit_length() - 1)
+        lg = ceil_log2(p2)
+        # recursive halving then doubling: step s moves n/2^s elements each way
+        t = 2 * sum(prices.t_p2p(n * ITEM / (1 << s)) for s in range(1, lg + 1))
+        # elementwise sums of the reduce-scatter: a + b -> a, 3 streams per element
+        # (not prices.reduce, the sparse COO merge: sort-based, ~10x dearer per entry)
+        t += prices.dense_passes(n * (p2 - 1) / p2, 3)
+        if P != p2:
+            t += 2 * prices.t_p2p(n * ITEM) + prices.dense_passes(n, 3)
+        return t
+
 
 @register
 class NativeMPI(Algorithm):
@@ -140,6 +155,11 @@ class NativeMPI(Algorithm):
     @staticmethod
     def traffic_bound(n, P, k, itemsize=4):
         return -(-2 * n * itemsize * (P - 1) // P) if P > 1 else 0
+
+    @staticmethod
+    def cost(prices: Prices, n, P, k, *, tau_prime=32, tau=64):
+        # NativeNCCL inherits it: the profile prices its own backend's allreduce
+        return prices.t_allreduce(n * ITEM, P) if P > 1 else 0.0
 
 
 @register

@@ -36,6 +36,8 @@ class NCCLCommunicator(Communicator):
     """
 
     backend = "nccl"
+    native = "nccl"  # ncclAllReduce (NativeNCCL)
+    devices = ("gpu",)
 
     def __init__(self, mpi=None, device: int | None = None):
         import cupy
@@ -109,16 +111,15 @@ class NCCLCommunicator(Communicator):
         self._group([("send", sendbuf, dest), ("recv", recvbuf, source)])
 
     def _isend(self, buf, dest, tag):
-        if not self._dev(buf):
-            return self.mpi._isend(buf, dest, tag)
-        d = _Deferred("send", buf, dest)
-        self._pending.append(d)
-        return d
+        return self._defer("send", buf, dest) if self._dev(buf) else self.mpi._isend(buf, dest, tag)
 
     def _irecv(self, buf, source, tag):
-        if not self._dev(buf):
-            return self.mpi._irecv(buf, source, tag)
-        d = _Deferred("recv", buf, source)
+        return self._defer("recv", buf, source) if self._dev(buf) else \
+            self.mpi._irecv(buf, source, tag)
+
+    def _defer(self, kind: str, buf, peer) -> _Deferred:
+        """A device send/recv kept for the NCCL group that ``waitall`` issues."""
+        d = _Deferred(kind, buf, peer)
         self._pending.append(d)
         return d
 

@@ -17,43 +17,60 @@ import time
 import numpy as np
 
 
-def timeit_interleaved(fns, *, comm=None, warmup: int = 2, repeat: int = 10,
-                       sync=None, between=None) -> np.ndarray:
+def timeit_interleaved(fns, *, comm=None, warmup: int = 2, repeat=10, sync=None,
+                       between=None, batch=1, rotate: bool = True,
+                       slowest: bool = True) -> np.ndarray:
     """Time each of ``fns`` ``repeat`` times, interleaved; returns seconds of
-    shape (len(fns), repeat), the slowest rank's (identical on every rank).
+    shape (len(fns), max repeat), the slowest rank's (identical on every rank).
 
     Warm-up: ``warmup`` untimed rounds over all of ``fns``.  Timed round i
     calls ``fns[(i + j) % m]`` for j = 0..m-1, each after a barrier, so no
-    callable always follows the same one.  ``comm``, ``sync`` and ``between``
-    as ``timeit``.
+    callable always follows the same one (``rotate=False``: always in the
+    order given).  ``comm``, ``sync`` and ``between`` as ``timeit``.
+
+    ``repeat`` and ``batch`` are an int or one int per callable.  A callable
+    with fewer repeats than the others takes part in the first rounds only;
+    its row is NaN past its repeats.  ``batch``: calls per timed repeat (a
+    repeat of a microsecond call is then long against the barrier's exit
+    skew); the times are per call (the repeat's time / batch).
+    ``slowest=False`` keeps this rank's own times (no reduction over ranks;
+    the barriers still align the repeats).
     """
     fns = list(fns)
     m = len(fns)
+    reps = [int(r) for r in repeat] if np.ndim(repeat) else [int(repeat)] * m
+    batches = [int(b) for b in batch] if np.ndim(batch) else [int(batch)] * m
     for _ in range(warmup):
         for fn in fns:
             fn()
             if sync:
                 sync()
-    out = np.empty((m, repeat), dtype=np.float64)
-    for i in range(repeat):
+    out = np.zeros((m, max(reps, default=0)), dtype=np.float64)
+    for i in range(out.shape[1]):
         for j in range(m):
-            a = (i + j) % m
+            a = (i + j) % m if rotate else j
+            if i >= reps[a]:
+                continue
+            fn, nb = fns[a], batches[a]
             if between is not None:
                 between()
             if comm is not None:
                 comm.barrier()
             t0 = time.perf_counter()
-            fns[a]()
+            for _ in range(nb):
+                fn()
             if sync:
                 sync()
-            out[a, i] = time.perf_counter() - t0
-    if comm is not None and comm.size > 1 and out.size:
-        out = comm._allreduce(out, "max")  # timing control data: not counted as traffic
+            out[a, i] = (time.perf_counter() - t0) / nb
+    if slowest and comm is not None and comm.size > 1 and out.size:
+        out = comm.control_allreduce(out, "max")  # timing control data: not counted as traffic
+    for a, r in enumerate(reps):
+        out[a, r:] = np.nan
     return out
 
 
 def timeit(fn, *, comm=None, warmup: int = 2, repeat: int = 10, sync=None,
-           between=None) -> np.ndarray:
+           between=None, batch: int = 1, slowest: bool = True) -> np.ndarray:
     """Time ``fn()``; returns the per-repeat seconds (max over ranks), raw.
 
     Args:
@@ -67,6 +84,8 @@ def timeit(fn, *, comm=None, warmup: int = 2, repeat: int = 10, sync=None,
         between: called before each timed call, outside the timed region (e.g.
             a pause: a training step calls its allreduce after a forward and
             backward pass, not back to back; see ``autotune bench --gap-ms``).
+        batch: calls of ``fn`` per timed repeat; the times are per call.
+        slowest: False keeps this rank's own times (no reduction over ranks).
     """
     return timeit_interleaved([fn], comm=comm, warmup=warmup, repeat=repeat, sync=sync,
-                              between=between)[0]
+                              between=between, batch=batch, slowest=slowest)[0]

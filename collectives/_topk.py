@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import kernels
 
-from ._base import SparseAllreduce, register
+from ._base import ITEM, Prices, SparseAllreduce, SparseState, register
 
 
 def allgather_coo(comm, idx, vals, n: int, *, equal_counts: bool):
@@ -47,6 +47,22 @@ class TopkA(SparseAllreduce):
     def traffic_bound(n, P, k, itemsize=4):
         return 2 * k * (P - 1) * itemsize
 
+    @staticmethod
+    def cost(prices: Prices, n, P, k, *, tau_prime=32, tau=64):
+        return (prices.dense_passes(n) + prices.topk(n) + prices.t_allgather(2 * k * ITEM, P)
+                + prices.reduce(k * P))
+
+
+class GaussianKState(SparseState):
+    """Gaussiank's per-tensor state: ``SparseState`` plus, under statistics,
+    local_threshold (the threshold the Gaussian fit gave at the last call)."""
+
+    __slots__ = ("local_threshold",)
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self.local_threshold: float | None = None
+
 
 @register
 class GaussianK(SparseAllreduce):
@@ -58,6 +74,7 @@ class GaussianK(SparseAllreduce):
     """
 
     name = "gaussiank"
+    state_class = GaussianKState
 
     def _exchange(self, acc, st):
         comm = self.comm
@@ -73,3 +90,9 @@ class GaussianK(SparseAllreduce):
     def traffic_bound(n, P, k, itemsize=4):
         # payload 2k(P-1) words + the counts exchange (P-1 int64)
         return 2 * k * (P - 1) * itemsize + 8 * (P - 1)
+
+    @staticmethod
+    def cost(prices: Prices, n, P, k, *, tau_prime=32, tau=64):
+        # mean/std + up to a few counting passes + the final selection
+        return (prices.dense_passes(n) + 4 * prices.threshold(n)
+                + prices.t_allgather(2 * k * ITEM, P) + prices.reduce(k * P))

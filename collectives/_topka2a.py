@@ -5,7 +5,8 @@ import numpy as np
 
 import kernels
 
-from ._base import SparseAllreduce, register
+from ._base import Prices, SparseAllreduce, register
+from ._tree import TopkDSA
 
 __all__ = ["TopKA2A"]
 
@@ -75,10 +76,8 @@ class TopKA2A(SparseAllreduce):
 
     def _exchange(self, acc, st):
         comm, P, rank = self.comm, self.comm.size, self.comm.rank
-        xp = kernels.array_module(acc)
+        idx, vals, bounds, xp = self._take_regions(acc, st)
         n = acc.size
-        idx, vals = self._take_topk(acc, st)
-        bounds = kernels.region_bounds(n, P)
         with comm.phase("select"):
             offs = kernels.split_by_bounds(idx, bounds)
             shards = [_pack_region(idx[offs[j]:offs[j + 1]], vals[offs[j]:offs[j + 1]],
@@ -122,3 +121,9 @@ class TopKA2A(SparseAllreduce):
         sent = k * e + (P - 1) * min(P * k * e, L * itemsize)
         recv = (P - 1) * min(k * e, L * itemsize) + min(P * k * e, (P - 1) * L * itemsize)
         return max(sent, recv) + 2 * _CTRL * (P - 1)
+
+    @staticmethod
+    def cost(prices: Prices, n, P, k, *, tau_prime=32, tau=64):
+        """TopkDSA's terms: the same alltoall of top-k shards, owner reduce and
+        allgather of the reduced regions (one message each way instead of two)."""
+        return TopkDSA.cost(prices, n, P, k)

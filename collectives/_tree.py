@@ -7,7 +7,7 @@ import numpy as np
 
 import kernels
 
-from ._base import SparseAllreduce, register
+from ._base import ITEM, Prices, SparseAllreduce, ceil_log2, register, union_size
 
 _CTRL = 8  # bytes of one int64 count
 
@@ -98,6 +98,13 @@ class GTopk(SparseAllreduce):
         rounds = math.ceil(math.log2(P)) if P > 1 else 0
         return rounds * (2 * k * itemsize + _CTRL)
 
+    @staticmethod
+    def cost(prices: Prices, n, P, k, *, tau_prime=32, tau=64):
+        merge = prices.reduce(2 * k) + prices.topk(2 * k)
+        return (prices.dense_passes(n) + prices.topk(n)
+                + ceil_log2(P) * (prices.t_p2p(2 * k * ITEM) + merge)
+                + prices.t_bcast(2 * k * ITEM, P) + prices.reduce(k))
+
 
 def _encode_region(idx, vals, lo: int, hi: int, xp):
     """The cheaper wire form of a COO set inside [lo, hi): sparse (idx, vals)
@@ -130,10 +137,8 @@ class TopkDSA(SparseAllreduce):
 
     def _exchange(self, acc, st):
         comm, P, rank = self.comm, self.comm.size, self.comm.rank
-        xp = kernels.array_module(acc)
+        idx, vals, bounds, xp = self._take_regions(acc, st)
         n = acc.size
-        idx, vals = self._take_topk(acc, st)
-        bounds = kernels.region_bounds(n, P)
         offs = kernels.split_by_bounds(idx, bounds)
         send_i, send_v = [], []
         for j in range(P):
@@ -185,3 +190,11 @@ class TopkDSA(SparseAllreduce):
         payload = (P - 1) * min(2 * k, region) + max(2 * k, (P - 1) * region)
         control = 4 * _CTRL * (P - 1)
         return payload * itemsize + control
+
+    @staticmethod
+    def cost(prices: Prices, n, P, k, *, tau_prime=32, tau=64):
+        u = union_size(n, k, P)
+        per_peer = min(2 * k / P, n / P) * ITEM
+        region = min(2 * u / P, n / P) * ITEM
+        return (prices.dense_passes(n) + prices.topk(n) + prices.t_alltoall(per_peer, P)
+                + prices.reduce(k) + prices.t_allgather(region, P) + prices.reduce(u))

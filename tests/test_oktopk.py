@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from collectives import ALGORITHMS, OkTopk, TopKA2A
-from collectives._oktopk import (_apportion, _balance_plan, _blocks, _budgets, _fit_global,
-                                 _phase2_volume)
+from collectives._oktopk_plan import (_apportion, _balance_plan, _blocks, _budgets, _fit_global,
+                                      _phase2_volume)
 from collectives._topka2a import _pack_region, _unpack_region
 
 RNG = np.random.default_rng()
@@ -132,14 +132,8 @@ def test_topka2a_region_roundtrip(dtype, fill):
 def test_constructor_refuses_bad_parameters():
     class Dummy:
         backend, rank, size = "mpi", 0, 1
-    with pytest.raises(ValueError, match="bands"):
-        OkTopk(Dummy(), bands=(1.5, 2.0))
-    with pytest.raises(ValueError, match="scale"):
-        OkTopk(Dummy(), scale=1.0)
-    with pytest.raises(ValueError, match="window"):
-        OkTopk(Dummy(), window=0)
-    with pytest.raises(ValueError, match="local_cap"):
-        OkTopk(Dummy(), local_cap=0.5)
+    with pytest.raises(ValueError, match="residuals"):
+        OkTopk(Dummy(), residuals="everyone")
     for bad in (1.0, 0.5, 3.5):
         with pytest.raises(ValueError, match="budget"):
             OkTopk(Dummy(), budget=bad)

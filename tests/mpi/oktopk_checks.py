@@ -6,9 +6,10 @@ Cases (all by default; ``--cases a,b`` to pick):
   boundaries     boundaries identical on every rank, and the regions carry
                  about the same number of selected values on skewed data
                  where equal-length regions would not.
-  exact          with tau' = 1 every call is exact: the output is the top-k of
-                 the sums of the ranks' local top-k values, on its support
-                 and in its values (checked against a brute-force reference).
+  exact          with tau' = 1 every call where no reduce quota binds is
+                 exact: the output is the top-k of the sums of the ranks'
+                 local top-k values, on its support and in its values
+                 (checked against a brute-force reference).
   refresh        exact thresholds exactly at calls t with t % tau' == 0: the
                  local threshold then equals the k-th |acc|, the global one is
                  searched (its phase appears) only then.
@@ -19,15 +20,14 @@ Cases (all by default; ``--cases a,b`` to pick):
   adaptive       adaptive_step=True: bounds, identical outputs, conservation,
                  identical global threshold state on every rank.
   stale          the hot region jumps after the boundaries were fixed (tau
-                 large, rebalancing off): the reduce quotas hold the owner
-                 to Q, the payload stays within 6k(P-1)/P words, nothing lost.
+                 large): on that call the reduce quotas hold the owner to Q,
+                 the payload stays within 6k(P-1)/P words, nothing lost.
 Exits non-zero (aborting the job) on the first failure.
 """
 from __future__ import annotations
 
 import argparse
 import itertools
-import math
 import sys
 
 import numpy as np
@@ -36,7 +36,7 @@ from mpi4py import MPI
 import kernels
 from collectives import MPICommunicator, OkTopk
 from tests.mpi import abort_job, identical
-from collectives._oktopk import _budgets, _global_kth
+from collectives._oktopk_plan import _budgets, _global_kth
 
 WORLD = MPI.COMM_WORLD
 RANK, P = WORLD.Get_rank(), WORLD.Get_size()
@@ -119,15 +119,28 @@ def case_boundaries(rng):
 
 
 def case_exact(rng):
+    """Exact wherever no reduce quota binds.  The data are planted so that none
+    does, whatever the ranks' supports: every rank's k = P c largest values
+    fall c to each of P equal regions and include each region's first index,
+    so the boundaries (tau = 1) are the regions' starts, every rank sends
+    c(P-1) = Q entries and every owner receives Q.  Each call's planted values
+    are 1000x the last's, so what waits in the residuals is never selected."""
     comm = MPICommunicator(WORLD)
-    for n, density in ((1 << 15, 0.01), (5000, 0.05)):
-        # exact only while no reduce quota binds: the largest quota (5/4 of the
-        # fair share) never binds on this data; the default (1) sometimes does
-        # and then delays a few values in the residuals (case_reduce_cap)
-        algo = OkTopk(comm, tau=1, tau_prime=1, reduce_cap=5 / 4)
-        k = kernels.k_from_density(n, density)
+    for n, k0 in ((1 << 15, 328), (5000, 250)):
+        c = max(1, k0 // P)
+        k = c * P
+        density = k / n
+        check(kernels.k_from_density(n, density) == k, "test setup: k")
+        starts = [j * n // P for j in range(P)] + [n]
+        algo = OkTopk(comm, tau=1, tau_prime=1)
         for it in range(6):
-            x = rng.standard_normal(n).astype(np.float32)
+            x = rng.standard_normal(n).astype(np.float32) * np.float32(1e-3)
+            for j in range(P):
+                lo, hi = starts[j], starts[j + 1]
+                planted = np.concatenate([[lo], lo + 1 + rng.choice(hi - lo - 1, c - 1,
+                                                                    replace=False)])
+                x[planted] = (rng.uniform(1, 2, c) * rng.choice([-1, 1], c)
+                              * 10.0 ** (3 * it)).astype(np.float32)
             st = algo.states.get("t")
             acc = x + (st.residual if st is not None else 0)
             local = kernels.topk_indices(acc, k)
@@ -136,8 +149,13 @@ def case_exact(rng):
             U = sum64(contrib)
             want = kernels.topk_indices(U, k)
             out = algo(x, name="t", density=density)
+            stats = algo.last_stats
+            check(algo.state("t").boundaries == starts,
+                  f"exact n={n} it {it}: test setup: boundaries {algo.state('t').boundaries}")
+            check(stats["own"] + stats["reduce_sent"][RANK] == k and stats["G"] == k,
+                  f"exact n={n} it {it}: test setup: a quota or the budget bound")
             got = np.flatnonzero(out)
-            check(np.array_equal(got, want),
+            check(np.array_equal(got, np.sort(want)),
                   f"exact n={n} it {it}: support differs from the top-k of the summed "
                   f"local top-k ({np.setdiff1d(want, got).size} missing)")
             check(np.allclose(out[want], U[want], rtol=1e-5, atol=1e-6),
@@ -256,7 +274,7 @@ def case_hot(rng):
 def case_stale(rng):
     comm = MPICommunicator(WORLD)
     n, density = 1 << 16, 0.01
-    algo = OkTopk(comm, tau=10**6, tau_prime=3, rebalance=math.inf)
+    algo = OkTopk(comm, tau=10**6, tau_prime=3)
     width = n // 20
 
     def xs(it):
@@ -267,8 +285,9 @@ def case_stale(rng):
 
     owner_max, _ = _run_bounded(algo, xs, 8, density, n, "stale")
     if P > 1:
-        # the jump sends everyone's values to the last region's owner: the quota must bite
-        Q = _budgets(P, kernels.k_from_density(n, density), algo.reduce_cap)[0]
+        # the jump sends everyone's values to the last region's owner: the quota must
+        # bite on that call (the imbalance then refreshes the boundaries)
+        Q = _budgets(P, kernels.k_from_density(n, density))[0]
         check(max(owner_max[1:]) == Q, f"quota never reached (Q={Q}): {owner_max}")
 
 
