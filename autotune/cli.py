@@ -373,7 +373,7 @@ def _tune(args, prof) -> int:
     from .tuner import tune
 
     try:
-        r = tune(prof.data, args.n, args.P, algorithm=args.algorithm,
+        r = tune(prof, args.n, args.P, algorithm=args.algorithm,
                  density_min=args.density_min, density_max=args.density_max,
                  xi_max=args.xi_max, capture_min=args.capture_min,
                  tau_prime_max=args.tau_prime_max, trials=args.trials,
@@ -472,15 +472,16 @@ def main(argv=None) -> int:
         from .profile import ProfileError
 
         if args.command == "tune":
-            from .selector import LOSSY
+            from collectives import ALGORITHMS
 
+            sparse = sorted(a for a, cls in ALGORITHMS.items() if cls.lossy)
             err = parser.commands["tune"].error
             if args.density_min > args.density_max:
                 err(f"--density-min {args.density_min:g} is above --density-max "
                     f"{args.density_max:g}")
-            if args.algorithm not in LOSSY:
+            if args.algorithm not in sparse:
                 err(f"--algorithm {args.algorithm!r}: tune takes a sparse algorithm, one of "
-                    f"{', '.join(sorted(LOSSY))}")
+                    f"{', '.join(sparse)}")
         try:
             prof = _load_profile(args.profile)
         except ProfileError as e:
@@ -489,7 +490,7 @@ def main(argv=None) -> int:
         if args.command == "select":
             from .selector import Selector
 
-            d = Selector(prof.data).choose(args.n, args.P, args.density, lossy_ok=not args.exact)
+            d = Selector(prof).choose(args.n, args.P, args.density, lossy_ok=not args.exact)
             print(f"profile {prof.path} ({prof.fingerprint.get('network', '?')})")
             print(d.explain())
             return 0

@@ -12,7 +12,9 @@ bandwidth ``beta`` (s/byte) fitted by the profiler with these shapes:
 where a profile with regime segments gives each message size the (a, b) of
 the segment covering it, and local compute costs t = c0 + c1 * elements for exact top-k selection,
 threshold selection and sparse reduction.  ``predict(algorithm, n, P,
-density)`` composes them into the algorithm's time per call.
+density)`` composes them into the algorithm's time per call: every algorithm
+registered in ``collectives.ALGORITHMS`` states its own terms (its ``cost``,
+written against ``collectives.Prices``, which ``Machine`` implements).
 
 On a CPU profiled on one host, ranks share the host's cores: with P ranks on
 C cores each rank's local compute (timed by the profiler on one rank alone)
@@ -26,8 +28,8 @@ fixed cost per call, ``o0 + o1 (P-1)`` seconds (:func:`fit_overheads`) -- the
 Python, kernel-launch, host-synchronisation and small-message cost that Table 1's
 alpha-beta terms leave out.  It is what remains of the measured time at the
 smallest sizes the profile ran, where the data terms vanish; on a GPU it
-dominates every sparse algorithm up to n ~ 2^24 (Ok-Topk: 2-5 ms a call on
-an H200 whatever n, against ~1 ms predicted from its kernels).  Because it is
+dominates the sparse algorithms at small and medium n (docs/BENCHMARKS.md,
+"Fixed cost per call").  Because it is
 part of the model, it carries over to sizes and process counts beyond the
 profile's runs, where the learned correction fades out.  The terms are
 deliberately simple; the learned selector corrects them with measurements.
@@ -40,45 +42,19 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-ITEM = 4  # bytes of a float32 value or an int32 index
+from collectives import ALGORITHMS
+
+from .profile import Linear, Link, Profile, model_time
+
 # Every sparse algorithm also streams the dense vector: the error-feedback sum
 # acc = residual + x (2 reads, 1 write) and the dense output it returns (1 write).
 _EF_STREAMS = 4
 
 
 @dataclass(frozen=True)
-class Link:
-    """One primitive's alpha (s) and beta (s/byte); with ``segments`` (tuples
-    ``(from_bytes, alpha, beta)``, ascending) the regime covering a message
-    size is used instead (see :func:`autotune.profile.segment_at`)."""
-
-    alpha: float
-    beta: float
-    segments: tuple = ()
-
-    def at(self, m: float) -> tuple[float, float]:
-        """(alpha, beta) for a message of m bytes (the model's m)."""
-        a, b = self.alpha, self.beta
-        for i, (start, sa, sb) in enumerate(self.segments):
-            if i == 0 or m >= start:
-                a, b = sa, sb
-            else:
-                break
-        return a, b
-
-
-@dataclass(frozen=True)
-class Linear:
-    c0: float
-    c1: float
-
-    def __call__(self, elems: float) -> float:
-        return self.c0 + self.c1 * max(elems, 0.0)
-
-
-@dataclass(frozen=True)
 class Machine:
-    """Fitted machine parameters (see module docstring)."""
+    """Fitted machine parameters (see module docstring); a ``collectives.Prices``,
+    on which each registered algorithm's ``cost`` prices its terms."""
 
     p2p: Link
     allgather: Link
@@ -123,34 +99,32 @@ class Machine:
         return self._at[P]
 
     @classmethod
-    def from_profile(cls, prof: dict) -> "Machine":
-        """Build from a profile's ``primitives`` and ``compute`` sections.
+    def from_profile(cls, prof) -> "Machine":
+        """Build from a profile's primitives and compute kernels (a
+        :class:`autotune.profile.Profile`, or its JSON document as a dict).
 
         Missing primitives fall back to the point-to-point link (documented
         default: a collective no faster than its p2p decomposition).
         """
-        prims = prof["primitives"]
+        prof = Profile.of(prof)
 
         def link(name, fallback=None):
-            p = prims.get(name)
+            p = prof.primitive(name, None)
             if p is None:
                 if fallback is None:
                     raise KeyError(f"profile has no {name!r} primitive")
                 return fallback
-            segs = tuple((int(sg["from_bytes"]), float(sg["alpha_s"]), float(sg["beta_s_per_byte"]))
-                         for sg in p.get("segments") or ())
-            return Link(float(p["alpha_s"]), float(p["beta_s_per_byte"]), segs)
-
-        p2p = link("p2p")
-        comp = prof["compute"]
+            return Link(p.alpha, p.beta, p.segments)
 
         def lin(name):
-            c = comp[name]
-            return Linear(float(c["c0_s"]), float(c["c1_s_per_elem"]))
+            c = prof.compute(name)
+            if c is None:
+                raise KeyError(name)
+            return c
 
-        fp = prof.get("fingerprint", {})
-        single_cpu_host = fp.get("device") == "cpu" and len(fp.get("hosts") or ()) == 1
-        cores = fp.get("cores_per_host")
+        p2p = link("p2p")
+        single_cpu_host = prof.device == "cpu" and len(prof.hosts) == 1
+        cores = prof.cores
         bare = cls(
             p2p=p2p,
             allgather=link("allgather", link("allgatherv", p2p)),
@@ -164,33 +138,29 @@ class Machine:
             # it is timed on one rank, mostly in cache, and understates a pass when
             # ranks share cores (a 2-core shm profile with it picked Ok-Topk over
             # dense at P = 3, 6: worst regret 2.86 against 2.04 without; BENCHMARKS)
-            stream=lin("stream") if "stream" in comp and comp.get("device") == "gpu" else None,
-            label=f"{fp.get('device', '?')}/{fp.get('network', '?')}",
-            contention=((int(cores), int(fp["P"])) if single_cpu_host and cores else None),
+            stream=prof.compute("stream") if prof.compute_device == "gpu" else None,
+            label=f"{prof.device}/{prof.network}",
+            contention=((int(cores), prof.P) if single_cpu_host and cores else None),
         )
-        runs = prof.get("runs") or []
+        runs = prof.runs
         return replace(bare, overhead=fit_overheads(bare, runs), _at={}) if runs else bare
 
-    # primitive times (each with the regime covering its message size) ---------
+    # primitive times (each with the regime covering its message size), in the
+    # shapes of autotune.profile's one table ----------------------------------------
     def t_p2p(self, m: float) -> float:
-        a, b = self.p2p.at(m)
-        return a + b * m
+        return model_time("p2p", *self.p2p.at(m), m, 2)
 
     def t_allgather(self, m: float, P: int) -> float:
-        a, b = self.allgather.at(m)
-        return a * _lg(P) + b * m * (P - 1)
+        return model_time("allgather", *self.allgather.at(m), m, P)
 
     def t_alltoall(self, m: float, P: int) -> float:
-        a, b = self.alltoall.at(m)
-        return a * (P - 1) + b * m * (P - 1)
+        return model_time("alltoallv", *self.alltoall.at(m), m, P)
 
     def t_allreduce(self, m: float, P: int) -> float:
-        a, b = self.allreduce.at(m)
-        return 2 * a * _lg(P) + 2 * b * m * (P - 1) / P
+        return model_time("allreduce", *self.allreduce.at(m), m, P)
 
     def t_bcast(self, m: float, P: int) -> float:
-        a, b = self.bcast.at(m)
-        return _lg(P) * (a + b * m)
+        return model_time("bcast", *self.bcast.at(m), m, P)
 
     def dense_passes(self, n: float, streams: int = _EF_STREAMS) -> float:
         """Elementwise work over n elements: ``streams`` full reads or writes,
@@ -198,7 +168,7 @@ class Machine:
         (acc = r + x: two reads and a write).  CPU profiles, and GPU profiles
         made before that kernel was measured, cost each stream at the
         threshold scan's per-element rate (one read and a compare), which
-        overstates it on a GPU, where the scan also compacts (1.5x on an H200)."""
+        overstates it on a GPU, where the scan also compacts."""
         if self.stream is not None:  # measured: acc = r + x, 3 streams per element
             return streams / 3 * self.stream.c1 * max(n, 0.0)
         return streams * self.threshold.c1 * max(n, 0.0)
@@ -212,113 +182,21 @@ def _k(n: int, density: float) -> int:
     return min(n, max(1, int(round(density * n))))
 
 
-def _union(n: int, k: int, P: int) -> float:
-    """Expected size of the union of P local top-k sets (heuristic: partial overlap)."""
-    return min(float(n), k * P ** 0.9)
-
-
-# -- per-algorithm terms -----------------------------------------------------------
-def _dense(M, n, P, d, tp):
-    if P == 1:
-        return 0.0
-    p2 = 1 << (P.bit_length() - 1)
-    lg = _lg(p2)
-    # recursive halving then doubling: step s moves n/2^s elements each way
-    t = 2 * sum(M.t_p2p(n * ITEM / (1 << s)) for s in range(1, lg + 1))
-    # elementwise sums of the reduce-scatter: a + b -> a, 3 streams per element
-    # (not M.reduce, which is the sparse COO merge: sort-based, ~10x dearer per entry)
-    t += M.dense_passes(n * (p2 - 1) / p2, 3)
-    if P != p2:
-        t += 2 * M.t_p2p(n * ITEM) + M.dense_passes(n, 3)
-    return t
-
-
-def _mpi(M, n, P, d, tp):
-    return M.t_allreduce(n * ITEM, P) if P > 1 else 0.0
-
-
-def _topka(M, n, P, d, tp):
-    k = _k(n, d)
-    return M.dense_passes(n) + M.topk(n) + M.t_allgather(2 * k * ITEM, P) + M.reduce(k * P)
-
-
-def _gaussiank(M, n, P, d, tp):
-    k = _k(n, d)
-    # mean/std + up to a few counting passes + the final selection
-    return (M.dense_passes(n) + 4 * M.threshold(n) + M.t_allgather(2 * k * ITEM, P)
-            + M.reduce(k * P))
-
-
-def _gtopk(M, n, P, d, tp):
-    k = _k(n, d)
-    lg = _lg(P)
-    merge = M.reduce(2 * k) + M.topk(2 * k)
-    return (M.dense_passes(n) + M.topk(n) + lg * (M.t_p2p(2 * k * ITEM) + merge)
-            + M.t_bcast(2 * k * ITEM, P) + M.reduce(k))
-
-
-def _topkdsa(M, n, P, d, tp):
-    k = _k(n, d)
-    u = _union(n, k, P)
-    per_peer = min(2 * k / P, n / P) * ITEM
-    region = min(2 * u / P, n / P) * ITEM
-    return (M.dense_passes(n) + M.topk(n) + M.t_alltoall(per_peer, P) + M.reduce(k)
-            + M.t_allgather(region, P) + M.reduce(u))
-
-
-def _oktopk(M, n, P, d, tp, tau=64):
-    k = _k(n, d)
-    tp = max(1, int(tp))
-    select = (M.topk(n) + (tp - 1) * M.threshold(n)) / tp
-    split_reduce = (P - 1) * M.t_p2p(2 * k / P * ITEM) + M.reduce(k)
-    balance = M.t_p2p(2 * k / P * ITEM)  # repacking into equal blocks
-    gather = M.t_allgather(2 * k / P * ITEM, P) + M.reduce(k)
-    # control messages of every call: the reduce counts and quotas (two alltoalls of
-    # one int64 per peer) and the global counts (an allgather of three int64)
-    control = 2 * M.t_alltoall(8, P) + M.t_allgather(24, P)
-    # exact global threshold every tau': radix select, 8 allreduces of 16 int64
-    refresh = 8 * M.t_allreduce(128, P) / tp
-    bounds = M.t_allreduce(8 * P, P) / max(1, int(tau))  # region boundaries every tau
-    return (M.dense_passes(n) + select + split_reduce + balance + gather + control
-            + refresh + bounds)
-
-
-def _topka2a(M, n, P, d, tp):
-    k = _k(n, d)
-    u = _union(n, k, P)
-    per_peer = min(2 * k / P, n / P) * ITEM
-    region = min(2 * u / P, n / P) * ITEM
-    return (M.dense_passes(n) + M.topk(n) + M.t_alltoall(per_peer, P) + M.reduce(k)
-            + M.t_allgather(region, P) + M.reduce(u))
-
-
-TERMS = {
-    "dense": _dense,
-    "mpi": _mpi,
-    "nccl": _mpi,  # the native allreduce of the NCCL backend: same primitive model
-    "topka": _topka,
-    "gaussiank": _gaussiank,
-    "gtopk": _gtopk,
-    "topkdsa": _topkdsa,
-    "oktopk": _oktopk,
-    "topka2a": _topka2a,
-}
-
-
 # Sizes within this factor of an algorithm's smallest run (per P) estimate its overhead.
 _OVERHEAD_SPAN = 4
 
 
 def _terms(machine: Machine, algorithm: str, n: int, P: int, density: float,
            tau_prime: int = 32, tau: int = 64) -> float:
+    """The registered algorithm's own ``cost`` terms, priced on ``machine`` at P."""
     try:
-        term = TERMS[algorithm]
+        cls = ALGORITHMS[algorithm]
     except KeyError:
-        raise ValueError(f"no cost model for algorithm {algorithm!r}; known: {sorted(TERMS)}") from None
-    machine = machine.at(P)
-    if algorithm == "oktopk":
-        return float(_oktopk(machine, int(n), int(P), float(density), tau_prime, tau))
-    return float(term(machine, int(n), int(P), float(density), tau_prime))
+        raise ValueError(f"no cost model for algorithm {algorithm!r}; known: "
+                         f"{sorted(ALGORITHMS)}") from None
+    n, P = int(n), int(P)
+    return float(cls.cost(machine.at(P), n, P, _k(n, float(density)), tau_prime=tau_prime,
+                          tau=tau))
 
 
 def fit_overheads(machine: Machine, runs) -> dict[str, tuple[float, float]]:
@@ -334,7 +212,7 @@ def fit_overheads(machine: Machine, runs) -> dict[str, tuple[float, float]]:
 
     by = defaultdict(list)
     for r in runs:
-        if r["algorithm"] in TERMS and r.get("median_s", 0) > 0 and int(r["P"]) > 1:
+        if r["algorithm"] in ALGORITHMS and r.get("median_s", 0) > 0 and int(r["P"]) > 1:
             by[r["algorithm"], int(r["P"])].append(r)
     points = defaultdict(list)  # algorithm -> [(P - 1, median residual)]
     for (algo, P), rs in sorted(by.items()):

@@ -31,7 +31,6 @@ import platform
 import socket
 import tempfile
 from pathlib import Path
-from typing import Any
 
 __all__ = [
     "SCHEMA",
@@ -41,88 +40,21 @@ __all__ = [
     "MACHINE_KEYS",
     "Profile",
     "ProfileError",
+    "Link",
+    "Linear",
+    "PrimitiveFit",
+    "migrate",
     "model_terms",
+    "model_time",
     "concurrency",
     "local_fingerprint",
     "segment_at",
 ]
 
-SCHEMA = "autotune-profile"
-VERSION = 1
-
-
-class ProfileError(ValueError):
-    """A profile that cannot be used; the message names the file and the problem."""
-
-    def __init__(self, path, what: str):
-        self.path = str(path)
-        self.what = what
-        super().__init__(f"{self.path}: {what}")
-
-
-# -- the alpha-beta model shapes ----------------------------------------------------
-def _log2c(P: int) -> int:
-    return max(0, math.ceil(math.log2(P))) if P > 1 else 0
-
-
-# name -> (model string, alpha coefficient A(P), beta coefficient B(P) per byte of m)
-_SHAPES = {
-    "p2p": ("a + b*m", lambda P: 1.0, lambda P: 1.0),
-    "allgather": ("a*ceil(log2 P) + b*m*(P-1)", lambda P: _log2c(P), lambda P: P - 1.0),
-    "allgatherv": ("a*ceil(log2 P) + b*m*(P-1)", lambda P: _log2c(P), lambda P: P - 1.0),
-    "alltoallv": ("a*(P-1) + b*m*(P-1)", lambda P: P - 1.0, lambda P: P - 1.0),
-    "allreduce": ("2a*ceil(log2 P) + 2b*m*(P-1)/P", lambda P: 2.0 * _log2c(P),
-                  lambda P: 2.0 * (P - 1) / P),
-    "bcast": ("a*ceil(log2 P) + b*m*ceil(log2 P)", lambda P: _log2c(P), lambda P: _log2c(P)),
-}
-PRIMITIVES = tuple(_SHAPES)
-# Local compute kernels a profile times ("stream" is absent from older profiles).
-COMPUTE_KERNELS = ("topk", "threshold", "reduce", "scatter_add", "stream")
-
-# What m means per primitive (docs and `show`).
-MESSAGE_MEANING = {
-    "p2p": "bytes each rank sends to its partner (sendrecv, all pairs at once)",
-    "allgather": "bytes per rank",
-    "allgatherv": "bytes per rank",
-    "alltoallv": "bytes to each peer",
-    "allreduce": "bytes of the vector",
-    "bcast": "bytes of the vector",
-}
-
-
-def model_terms(primitive: str, P: int) -> tuple[float, float]:
-    """(A, B) such that the model's time is ``alpha*A + beta*m*B`` at P ranks."""
-    try:
-        _, a, b = _SHAPES[primitive]
-    except KeyError:
-        raise ValueError(f"unknown primitive {primitive!r}; known: {list(_SHAPES)}") from None
-    return float(a(P)), float(b(P))
-
-
-def model_string(primitive: str) -> str:
-    return _SHAPES[primitive][0]
-
-
-def concurrency(primitive: str, P: int) -> float:
-    """Bytes all ranks together put on the wire, per byte of the model's beta term.
-
-    On a single shared medium (every rank of one host behind one loopback or
-    one memory system) the time is total bytes / link rate, so the beta fitted
-    in the model shape is ``concurrency * beta_link``.  It is P for p2p (all
-    pairs), allgather(v), alltoallv and allreduce; (P-1)/ceil(log2 P) for bcast.
-    """
-    _, B = model_terms(primitive, P)
-    if B == 0:
-        return 1.0
-    total = {
-        "p2p": 2 * (P // 2),
-        "allgather": P * (P - 1),
-        "allgatherv": P * (P - 1),
-        "alltoallv": P * (P - 1),
-        "allreduce": 2 * (P - 1),
-        "bcast": P - 1,
-    }[primitive]
-    return total / B
+from ._profile_model import (COMPUTE_KERNELS, MESSAGE_MEANING, PRIMITIVES, Linear, Link,  # noqa: F401
+                             PrimitiveFit, concurrency, model_string, model_terms, model_time,
+                             segment_at)
+from ._profile_schema import SCHEMA, VERSION, ProfileError, _parse, migrate, validate  # noqa: F401
 
 
 # -- fingerprint -------------------------------------------------------------------
@@ -197,238 +129,6 @@ def _mpi_library_quiet() -> str | None:
         return None
 
 
-# -- validation --------------------------------------------------------------------
-class _Opt:
-    """Nullable: None or the inner spec."""
-
-    def __init__(self, spec):
-        self.spec = spec
-
-
-class _List:
-    def __init__(self, spec):
-        self.spec = spec
-
-
-class _Map:
-    """A JSON object with free keys, each value of one spec."""
-
-    def __init__(self, spec):
-        self.spec = spec
-
-
-class _Enum:
-    def __init__(self, *values):
-        self.values = values
-
-
-NUM, INT, STR = "number", "integer", "string"
-_NONNEG = "nonneg"  # a number >= 0
-
-_FIT = {"c0_s": _NONNEG, "c1_s_per_elem": _NONNEG}
-
-SPEC = {
-    "schema": STR,
-    "version": INT,
-    "created": STR,
-    "source": _Enum("measured", "published"),
-    "fingerprint": {
-        "hosts": _List(STR),
-        "cpu_model": _Opt(STR),
-        "gpu_model": _Opt(STR),
-        "mpi_library": _Opt(STR),
-        "nccl_version": _Opt(STR),
-        "P": INT,
-        "device": _Enum("cpu", "gpu"),
-        "network": STR,
-    },
-    "primitives": _Map({
-        "alpha_s": _NONNEG,
-        "beta_s_per_byte": _NONNEG,
-        "alpha_stderr": _Opt(_NONNEG),
-        "beta_stderr": _Opt(_NONNEG),
-        "model": STR,
-        "heldout_median_rel_err": _Opt(_NONNEG),
-        "samples": _List({"bytes": INT, "P": INT, "times_s": _List(_NONNEG)}),
-    }),
-    "compute": {
-        "device": _Enum("cpu", "gpu"),
-        "topk": _FIT,
-        "threshold": _FIT,
-        "reduce": _FIT,
-        "samples": _List({"kernel": STR, "n": INT, "times_s": _List(_NONNEG)}),
-    },
-    "runs": _List({
-        "algorithm": STR,
-        "n": INT,
-        "P": INT,
-        "density": _Opt(NUM),
-        "times_s": _List(_NONNEG),
-        "median_s": _NONNEG,
-        "bytes_sent_max": _Opt(INT),
-        "split_s": _Map(NUM),
-    }),
-    "xi": {
-        "source": STR,
-        "by_density": _Map(_Opt(_NONNEG)),
-        "median": _Opt(_NONNEG),
-    },
-}
-
-
-# One protocol regime of a primitive (see segment_at).
-_SEGMENT = {"from_bytes": INT, "alpha_s": _NONNEG, "beta_s_per_byte": _NONNEG}
-
-
-def segment_at(rec: dict, m: float) -> tuple[float, float]:
-    """(alpha, beta) of a primitive's record for a message of m bytes (the model's m).
-
-    A record may carry ``segments``: contiguous size ranges (protocol regimes:
-    eager/rendezvous, algorithm switches, cache -> DRAM, a token bucket's
-    burst), each with its own alpha and beta in the primitive's model shape.
-    Segment j covers ``from_bytes[j] <= m < from_bytes[j+1]``; the first also
-    covers everything below, the last everything above.  Without segments
-    (profiles written before them, published profiles) the single line
-    ``alpha_s``/``beta_s_per_byte`` covers every size.
-    """
-    segs = rec.get("segments")
-    if not segs:
-        return float(rec["alpha_s"]), float(rec["beta_s_per_byte"])
-    seg = segs[0]
-    for s in segs[1:]:
-        if m < s["from_bytes"]:
-            break
-        seg = s
-    return float(seg["alpha_s"]), float(seg["beta_s_per_byte"])
-
-
-def _typename(v) -> str:
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return "boolean"
-    if isinstance(v, int):
-        return "integer"
-    if isinstance(v, float):
-        return "number"
-    if isinstance(v, str):
-        return "string"
-    if isinstance(v, list):
-        return "list"
-    if isinstance(v, dict):
-        return "object"
-    return type(v).__name__
-
-
-def _check(value, spec, where: str) -> str | None:
-    """None when ``value`` fits ``spec``, else the one message saying why."""
-    if isinstance(spec, _Opt):
-        return None if value is None else _check(value, spec.spec, where)
-    if isinstance(spec, _Enum):
-        if value not in spec.values:
-            return f"field '{where}' must be one of {list(spec.values)}, got {value!r}"
-        return None
-    if isinstance(spec, dict):
-        if not isinstance(value, dict):
-            return f"field '{where}' should be an object, got {_typename(value)}"
-        for key, sub in spec.items():
-            w = f"{where}.{key}" if where else key
-            if key not in value:
-                return f"missing field '{w}'"
-            msg = _check(value[key], sub, w)
-            if msg:
-                return msg
-        return None
-    if isinstance(spec, _Map):
-        if not isinstance(value, dict):
-            return f"field '{where}' should be an object, got {_typename(value)}"
-        for key, v in value.items():
-            msg = _check(v, spec.spec, f"{where}.{key}")
-            if msg:
-                return msg
-        return None
-    if isinstance(spec, _List):
-        if not isinstance(value, list):
-            return f"field '{where}' should be a list, got {_typename(value)}"
-        for i, v in enumerate(value):
-            msg = _check(v, spec.spec, f"{where}[{i}]")
-            if msg:
-                return msg
-        return None
-    if spec == STR:
-        ok = isinstance(value, str)
-    elif spec == INT:
-        ok = isinstance(value, int) and not isinstance(value, bool)
-    elif spec in (NUM, _NONNEG):
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if ok and spec == _NONNEG and value < 0:
-            return f"field '{where}' must be >= 0, got {value!r}"
-    else:  # pragma: no cover - a bug in SPEC
-        raise AssertionError(spec)
-    if not ok:
-        want = {NUM: "a number", _NONNEG: "a number", INT: "an integer", STR: "a string"}[spec]
-        return f"field '{where}' should be {want}, got {_typename(value)} ({value!r:.40})"
-    return None
-
-
-def _reject_constant(name):
-    raise ValueError(f"non-finite number {name} (JSON has no NaN/Infinity)")
-
-
-def _parse(text: str, path) -> Any:
-    if not text.strip():
-        raise ProfileError(path, "empty file (expected a JSON profile)")
-    try:
-        return json.loads(text, parse_constant=_reject_constant)
-    except json.JSONDecodeError as e:
-        if e.pos >= len(text.rstrip()):
-            raise ProfileError(path, f"truncated: the JSON ends before the document is "
-                                     f"complete ({e.msg} at line {e.lineno}, column {e.colno}); "
-                                     "the file was cut short — measure again") from None
-        raise ProfileError(path, f"not valid JSON: {e.msg} at line {e.lineno}, "
-                                 f"column {e.colno}") from None
-    except ValueError as e:
-        raise ProfileError(path, str(e)) from None
-
-
-def validate(data, path="<profile>") -> None:
-    """Raise ProfileError (one message) unless ``data`` is a valid profile dict."""
-    if not isinstance(data, dict):
-        raise ProfileError(path, f"not a profile: the top level is a {_typename(data)}, "
-                                 "expected an object")
-    schema = data.get("schema")
-    if schema != SCHEMA:
-        raise ProfileError(path, f"not an autotune profile: schema is {schema!r}, "
-                                 f"expected {SCHEMA!r}")
-    version = data.get("version")
-    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-        raise ProfileError(path, f"invalid schema version {version!r} (expected {VERSION})")
-    if version > VERSION:
-        raise ProfileError(path, f"schema version {version} is newer than this autotune "
-                                 f"understands ({VERSION}); upgrade autotune-collectives")
-    msg = _check(data, SPEC, "")
-    if msg:
-        raise ProfileError(path, msg)
-    for name, prim in data["primitives"].items():
-        if name not in _SHAPES:
-            raise ProfileError(path, f"unknown primitive 'primitives.{name}' "
-                                     f"(known: {', '.join(_SHAPES)})")
-        if prim["model"] != model_string(name):
-            raise ProfileError(path, f"field 'primitives.{name}.model' is {prim['model']!r}, "
-                                     f"expected {model_string(name)!r}")
-        if "segments" in prim:  # optional (files written before regime-aware fits lack it)
-            where = f"primitives.{name}.segments"
-            msg = _check(prim["segments"], _List(_SEGMENT), where)
-            if not msg and not prim["segments"]:
-                msg = f"field '{where}' is empty (omit it for a single alpha-beta line)"
-            if not msg:
-                starts = [seg["from_bytes"] for seg in prim["segments"]]
-                if any(b <= a for a, b in zip(starts, starts[1:])):
-                    msg = f"field '{where}' must be sorted by from_bytes, got {starts}"
-            if msg:
-                raise ProfileError(path, msg)
-
-
 # -- the record --------------------------------------------------------------------
 def _round_floats(obj, digits: int = 5):
     """Shorter JSON: floats to ``digits`` significant digits (measurements are
@@ -440,6 +140,32 @@ def _round_floats(obj, digits: int = 5):
     if isinstance(obj, (list, tuple)):
         return [_round_floats(v, digits) for v in obj]
     return obj
+
+
+class _Field:
+    """A read-only accessor of one field of the profile's JSON: ``path`` is the
+    key, or the section and the key.  ``required``: KeyError when absent;
+    else ``default`` (a fresh copy of an empty list or dict) where it is absent,
+    None or empty.  ``convert`` is applied to a present value."""
+
+    def __init__(self, *path: str, default=None, convert=None, required: bool = False,
+                 doc: str = ""):
+        self.path, self.default, self.convert, self.required = path, default, convert, required
+        self.__doc__ = doc
+
+    def __get__(self, prof, owner=None):
+        if prof is None:
+            return self
+        value = prof.data
+        for key in self.path[:-1]:
+            value = value.get(key) or {}
+        value = value.get(self.path[-1])
+        if value is None and self.required:
+            raise KeyError(f"profile has no {'.'.join(self.path)!r}")
+        if value is None or (self.default is not None and not value):
+            return type(self.default)() if isinstance(self.default, (list, dict)) else \
+                self.default
+        return self.convert(value) if self.convert else value
 
 
 class Profile:
@@ -454,6 +180,7 @@ class Profile:
 
     def __init__(self, data: dict, path=None, *, check: bool = True):
         if check:
+            data = migrate(data, path or "<profile>")
             validate(data, path or "<profile>")
         self.data = data
         self.path = str(path) if path is not None else None
@@ -546,22 +273,72 @@ class Profile:
         self.path = str(path)
         return path
 
+    @classmethod
+    def of(cls, profile) -> "Profile":
+        """``profile`` itself, or a dict (a profile's JSON document, possibly
+        edited, possibly of an older version) migrated and wrapped, unchecked."""
+        if isinstance(profile, Profile):
+            return profile
+        if isinstance(profile, dict) and "version" not in profile:
+            return cls(profile, check=False)  # a partial document (tests): as it is
+        return cls(migrate(profile), check=False)
+
     # -- queries ---------------------------------------------------------------
-    @property
-    def fingerprint(self) -> dict:
-        return self.data["fingerprint"]
+    fingerprint = _Field("fingerprint", required=True, doc="where and how it was measured")
+    P = _Field("fingerprint", "P", convert=int, required=True,
+               doc="the process count it was measured at")
+    device = _Field("fingerprint", "device", default="?", doc='"cpu" or "gpu"')
+    network = _Field("fingerprint", "network", default="?")
+    backend = _Field("fingerprint", "backend",
+                     doc='"mpi" or "nccl"; None in profiles made before it was recorded')
+    hosts = _Field("fingerprint", "hosts", default=[])
+    cores = _Field("fingerprint", "cores_per_host", doc="cores per host (rank 0's), or None")
+    source = _Field("source", required=True, doc='"measured" or "published"')
+    created = _Field("created", required=True)
+    version = _Field("version", convert=int, required=True)
+    runs = _Field("runs", default=[],
+                  doc="the algorithm runs (dicts: algorithm, n, P, density, times_s, median_s, ...)")
+    xi = _Field("xi", default={})
+    settings = _Field("settings", default={})
+    skipped = _Field("skipped", default=[])
+    notes = _Field("notes", default="")
 
     @property
-    def P(self) -> int:
-        return int(self.fingerprint["P"])
+    def measured(self) -> bool:
+        return self.source == "measured"
 
     @property
     def primitives(self) -> dict:
+        """The primitive records as JSON (name -> dict); see :meth:`primitive`."""
         return self.data["primitives"]
 
+    def primitive(self, name: str, default=KeyError) -> PrimitiveFit:
+        """The fitted ``name`` (alpha, beta, segments, ``at(m)``); ``default``
+        when the profile has no such primitive (KeyError unless given)."""
+        rec = self.primitives.get(name)
+        if rec is None:
+            if default is KeyError:
+                raise KeyError(f"profile has no {name!r} primitive")
+            return default
+        link = Link.of(rec)
+        return PrimitiveFit(link.alpha, link.beta, link.segments, name=name,
+                            shared_medium=bool(rec.get("shared_medium")), record=rec)
+
     @property
-    def runs(self) -> list:
-        return self.data["runs"]
+    def compute_device(self) -> str:
+        return self.data["compute"]["device"]
+
+    def compute(self, kind: str) -> Linear | None:
+        """The ``kind`` kernel's ``t = c0 + c1*n`` (None where not measured:
+        ``stream`` in profiles before 2026-11-26 13:00)."""
+        c = self.data["compute"].get(kind)
+        return None if c is None else Linear(float(c["c0_s"]), float(c["c1_s_per_elem"]))
+
+    def xi_by_density(self, field: str | None = None) -> dict:
+        """{density string: value or None}: xi's, or those of ``xi[field]``
+        (e.g. ``"captured_norm"``); {} where the profile lacks them."""
+        xi = self.xi
+        return ((xi.get(field) or {}) if field else xi).get("by_density") or {}
 
     def matches_current(self, current: dict) -> list[str]:
         """Differences between this profile's machine and ``current``.
@@ -591,10 +368,9 @@ class Profile:
         record), beta is rescaled with :func:`concurrency`, since the measured
         beta already contains the contention of the measured P.
         """
-        rec = self.primitives[primitive]
+        fit = self.primitive(primitive)
         P = self.P if P is None else int(P)
-        A, B = model_terms(primitive, P)
-        alpha, beta = segment_at(rec, m)
-        if P != self.P and rec.get("shared_medium"):
+        alpha, beta = fit.at(m)
+        if P != self.P and fit.shared_medium:
             beta *= concurrency(primitive, P) / concurrency(primitive, self.P)
-        return alpha * A + beta * m * B
+        return model_time(primitive, alpha, beta, m, P)

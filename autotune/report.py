@@ -52,7 +52,7 @@ def _us(v) -> str:
 
 def primitive_lines(prof: Profile) -> list[str]:
     P = prof.P
-    how = (f"fitted at P={P}" if prof.data["source"] == "measured"
+    how = (f"fitted at P={P}" if prof.measured
            else f"published figures, P={P}; each number's source is in the file, "
                 "ESTIMATE = derived, not published")
     lines = [f"primitives ({how}; m = bytes as in the model; busbw at the largest "
@@ -78,7 +78,7 @@ def primitive_lines(prof: Profile) -> list[str]:
             f"{_fmt_err(rec.get('heldout_median_rel_err')):>8s} "
             f"{_fmt_err(rec.get('line_heldout_median_rel_err', rec.get('heldout_median_rel_err'))):>8s}"
             f" {bw:>10s}  {rec['model']}")
-    if any(r.get("shared_medium") for r in prof.primitives.values()):
+    if any(prof.primitive(n).shared_medium for n in prof.primitives):
         lines.append("  (one host: all ranks share one medium, so the fitted beta holds the "
                      "contention of P ranks; 'link' = beta / concurrency = one link's rate)")
     lines += segment_lines(prof)
@@ -95,18 +95,18 @@ def _size(b: float) -> str:
 
 def segment_lines(prof: Profile) -> list[str]:
     """The regime segments (what predictions use); nothing for single-line records."""
-    if not any(rec.get("segments") for rec in prof.primitives.values()):
+    if not any(prof.primitive(name).segments for name in prof.primitives):
         return ["  one alpha-beta line per primitive (no regime segments"
                 + ("; `autotune profile --refit FILE` adds them from the stored samples)"
-                   if prof.data["source"] == "measured" else ")")]
+                   if prof.measured else ")")]
     lines = ["regimes (predictions use the segment covering m; 'held-out' above is theirs, "
              "'line h-o' the single line's):"]
     for name in PRIMITIVES:
-        rec = prof.primitives.get(name)
-        if rec is None or not rec.get("segments"):
+        fit = prof.primitive(name, None)
+        if fit is None or not fit.segments:
             continue
         parts = []
-        segs = rec["segments"]
+        segs = fit.record["segments"]
         for i, sg in enumerate(segs):
             lo = "0" if i == 0 else _size(sg["from_bytes"])
             hi = _size(segs[i + 1]["from_bytes"]) if i + 1 < len(segs) else "inf"
@@ -117,13 +117,14 @@ def segment_lines(prof: Profile) -> list[str]:
 
 
 def compute_lines(prof: Profile) -> list[str]:
-    c = prof.data["compute"]
-    lines = [f"local compute on {c['device']} (t = c0 + c1*n):"]
+    units = prof.data["compute"].get("units") or {}
+    lines = [f"local compute on {prof.compute_device} (t = c0 + c1*n):"]
     for k in COMPUTE_KERNELS:
-        if k in c:
-            unit = c.get("units", {}).get(k, "per element")
-            lines.append(f"  {k:12s} c0 {1e6 * c[k]['c0_s']:9.2f} us   c1 "
-                         f"{1e9 * c[k]['c1_s_per_elem']:8.4g} ns/elem   ({unit})")
+        fit = prof.compute(k)
+        if fit is not None:
+            unit = units.get(k, "per element")
+            lines.append(f"  {k:12s} c0 {1e6 * fit.c0:9.2f} us   c1 "
+                         f"{1e9 * fit.c1:8.4g} ns/elem   ({unit})")
     return lines
 
 
@@ -133,7 +134,7 @@ def _by_density(by: dict) -> str:
 
 
 def xi_lines(prof: Profile) -> list[str]:
-    xi = prof.data["xi"]
+    xi = prof.xi
     med = xi.get("median")
     head = f"xi (Assumption 1 gap, source: {xi['source']}): median " + (
         f"{med:.4f}" if med is not None else "n/a")
@@ -201,8 +202,8 @@ def fingerprint_lines(prof: Profile) -> list[str]:
     rph = fp.get("ranks_per_host")
     nodes = -(-fp["P"] // rph) if isinstance(rph, int) and rph > 0 else len(hosts)
     return [
-        f"profile {prof.path or ''}  ({prof.data['source']}, created {prof.data['created']}, "
-        f"schema v{prof.data['version']})",
+        f"profile {prof.path or ''}  ({prof.source}, created {prof.created}, "
+        f"schema v{prof.version})",
         f"  machine: P={fp['P']} on {nodes} host(s) [{host}], device {fp['device']}, "
         f"network {fp['network']}",
         f"  cpu {fp.get('cpu_model')}; gpu {fp.get('gpu_model')}; mpi {fp.get('mpi_library')}; "
@@ -211,7 +212,7 @@ def fingerprint_lines(prof: Profile) -> list[str]:
 
 
 def settings_lines(prof: Profile) -> list[str]:
-    st = prof.data.get("settings") or {}
+    st = prof.settings
     if not st:
         return []
     el = (st.get("elapsed_s") or {}).get("total")
@@ -231,12 +232,12 @@ def show_text(prof: Profile) -> str:
     lines = fingerprint_lines(prof) + settings_lines(prof)
     if prof.foreign:
         lines.append("  WARNING: this profile is from another machine: " + "; ".join(prof.foreign))
-    if prof.data.get("notes"):
-        lines.append(f"  notes: {prof.data['notes']}")
+    if prof.notes:
+        lines.append(f"  notes: {prof.notes}")
     lines += [""] + primitive_lines(prof) + [""] + compute_lines(prof) + [""] + xi_lines(prof)
     lines += [""] + fastest_lines(prof)
     skipped = defaultdict(list)
-    for s in prof.data.get("skipped") or []:
+    for s in prof.skipped:
         skipped[s["algorithm"]].append(s)
     for algo, ss in skipped.items():
         lines.append(f"  skipped {algo} in {len(ss)} case(s): {ss[0]['reason'][:100]}")
@@ -260,7 +261,7 @@ def plot(prof: Profile, outdir) -> list[Path]:
     outdir.mkdir(parents=True, exist_ok=True)
     written = []
     title = (f"{prof.fingerprint['network']}, P={prof.P}, {prof.fingerprint['device']} "
-             f"({prof.data['source']})")
+             f"({prof.source})")
 
     names = [n for n in PRIMITIVES if n in prof.primitives]
     cols = 3
@@ -289,7 +290,7 @@ def plot(prof: Profile, outdir) -> list[Path]:
         segs = rec.get("segments")
         ax.loglog(mm, rec["alpha_s"] * A + rec["beta_s_per_byte"] * mm * B,
                   "--" if segs else "-", color="C1", lw=1 if segs else 1.5,
-                  label=("single line" if segs else "fit") if prof.data["source"] == "measured"
+                  label=("single line" if segs else "fit") if prof.measured
                   else "model (published)")
         if segs:
             ab = np.array([segment_at(rec, v) for v in mm])
@@ -364,13 +365,13 @@ def plot(prof: Profile, outdir) -> list[Path]:
             ss = sorted((s for s in cs if s["kernel"] == k), key=lambda s: s["n"])
             n = np.array([s["n"] for s in ss], dtype=float)
             ax.loglog(n, [np.median(s["times_s"]) for s in ss], "o", color=f"C{i}", label=k)
-            fit = prof.data["compute"].get(k)
+            fit = prof.compute(k)
             if fit:
                 nn = np.logspace(np.log10(n.min()), np.log10(n.max()), 50)
-                ax.loglog(nn, fit["c0_s"] + fit["c1_s_per_elem"] * nn, "-", color=f"C{i}")
+                ax.loglog(nn, fit.c0 + fit.c1 * nn, "-", color=f"C{i}")
         ax.set_xlabel("n (elements)")
         ax.set_ylabel("time (s)")
-        ax.set_title(f"local compute ({prof.data['compute']['device']}): points measured, "
+        ax.set_title(f"local compute ({prof.compute_device}): points measured, "
                      "lines c0 + c1*n", fontsize=9)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)

@@ -33,20 +33,20 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from .profile import Profile
 from .selector import Selector
 
 
-def xi_curve(profile: dict, field: str | None = None):
+def xi_curve(profile, field: str | None = None):
     """(log10 densities, values) measured by the profiler, sorted; may be empty.
-    The values are xi's, or with ``field`` those of ``profile["xi"][field]``
-    (e.g. ``"captured_norm"``)."""
-    xi = profile.get("xi") or {}
-    by = ((xi.get(field) or {}) if field else xi).get("by_density") or {}
+    The values are xi's, or with ``field`` those of the profile's ``xi[field]``
+    (e.g. ``"captured_norm"``).  ``profile``: a Profile or its JSON dict."""
+    by = Profile.of(profile).xi_by_density(field)
     pts = sorted((math.log10(float(d)), float(v)) for d, v in by.items() if v is not None)
     return [p[0] for p in pts], [p[1] for p in pts]
 
 
-def xi_at(profile: dict, density: float, field: str | None = None) -> float | None:
+def xi_at(profile, density: float, field: str | None = None) -> float | None:
     """xi (or ``field``, see :func:`xi_curve`) at ``density``, interpolated in
     log density (clamped at the ends)."""
     xs, ys = xi_curve(profile, field)
@@ -88,7 +88,7 @@ REFERENCE_DENSITY = 0.01  # the default density floor: parity with dense in the 
 MAX_DENSITY = 0.1
 
 
-def xi_at_reference(profile: dict) -> float:
+def xi_at_reference(profile) -> float:
     """The profile's xi at 1% density, or inf when the profile has no xi: a
     calibration point for ``xi_max`` (xi is measured relative to one step's
     gradient and error-feedback residuals make it exceed 1, docs/PROFILES.md,
@@ -98,7 +98,7 @@ def xi_at_reference(profile: dict) -> float:
     return float("inf") if xi is None else xi
 
 
-def tune(profile: dict, n: int, P: int, *, algorithm: str = "oktopk",
+def tune(profile, n: int, P: int, *, algorithm: str = "oktopk",
          density_min: float = REFERENCE_DENSITY, xi_max: float | None = None,
          capture_min: float | None = None,
          tau_prime_max: int = 64, density_max: float = MAX_DENSITY, trials: int = 60,
@@ -111,7 +111,7 @@ def tune(profile: dict, n: int, P: int, *, algorithm: str = "oktopk",
     faster (``sparse_pays`` False), sparsifying costs accuracy for nothing.
 
     Args:
-        profile: profile dict.
+        profile: a Profile (or its JSON document as a dict).
         n, P: tensor size and process count.
         density_min, density_max: the densities searched (log-uniform); the
             floor is the accuracy guard (default 1%, see the module docstring).
@@ -126,6 +126,7 @@ def tune(profile: dict, n: int, P: int, *, algorithm: str = "oktopk",
     """
     import optuna
 
+    profile = Profile.of(profile)
     if not 0 < density_min <= density_max <= 1:
         raise ValueError(f"need 0 < density_min <= density_max <= 1, got "
                          f"{density_min!r}, {density_max!r}")

@@ -427,19 +427,24 @@ def test_old_profiles_without_segments_still_load(tmp_path):
                 == [s["times_s"] for s in data["primitives"][name]["samples"]])
 
 
-def test_shipped_measured_profiles_are_refitted():
-    """The shipped files hold exactly what --refit computes from their samples."""
-    for path in SHIPPED:
-        prof = Profile.load(path)
-        if prof.data["source"] != "measured":
-            continue
-        again = profiler.refit_profile(prof)
-        for name, rec in prof.primitives.items():
-            new = again.primitives[name]
-            assert [s["from_bytes"] for s in rec["segments"]] == \
-                [s["from_bytes"] for s in new["segments"]], (path.name, name)
-            assert rec["heldout_median_rel_err"] == pytest.approx(
-                new["heldout_median_rel_err"], rel=1e-3, abs=1e-6), (path.name, name)
+@pytest.mark.parametrize("path", [p for p in SHIPPED if "piz_daint" not in p.name],
+                         ids=lambda p: p.stem)
+def test_shipped_measured_profiles_are_refitted(path):
+    """The shipped files hold exactly what --refit computes from their samples.
+
+    What is compared (the segments' boundaries, the piecewise model's held-out
+    error) comes from ``fit_segments`` alone, the part of ``fit_primitive``
+    that predictions use; the single line's leave-one-out method choice (half
+    of a refit's time) is not refitted here (test_old_profiles_... refits a
+    whole file through the CLI)."""
+    prof = Profile.load(path)
+    assert prof.measured
+    for name, rec in prof.primitives.items():
+        new = profiler.fit_segments(name, copy.deepcopy(rec["samples"]))
+        assert [s["from_bytes"] for s in rec["segments"]] == \
+            [s["from_bytes"] for s in new["segments"]], (path.name, name)
+        assert rec["heldout_median_rel_err"] == pytest.approx(
+            new["heldout_median_rel_err"], rel=1e-3, abs=1e-6), (path.name, name)
 
 
 def test_refit_refuses_published_profiles():
@@ -563,3 +568,71 @@ def test_lossless_algorithms_run_to_larger_sizes():
     names = ["dense", "oktopk"]
     per_p = (len(plan["algo_log2n"]) + 2) + 3 * len(plan["algo_log2n"])
     assert count_algorithm_steps(4, plan, names) == 3 * per_p  # P = 2, 3, 4
+
+
+# -- the typed profile, versions and migrations --------------------------------------
+def test_accessors():
+    prof = Profile.load(ROOT / "profiles" / "cpu_shm_p4.json")
+    fit = prof.primitive("allreduce")
+    rec = prof.primitives["allreduce"]
+    assert (fit.alpha, fit.beta) == (rec["alpha_s"], rec["beta_s_per_byte"])
+    assert [s[0] for s in fit.segments] == [s["from_bytes"] for s in rec["segments"]]
+    assert fit.at(1 << 20) == segment_at(rec, 1 << 20)
+    assert prof.primitive("nope", None) is None
+    with pytest.raises(KeyError):
+        prof.primitive("nope")
+    c = prof.compute("topk")
+    assert c.c0 == prof.data["compute"]["topk"]["c0_s"]
+    assert prof.device == "cpu" and prof.cores == prof.fingerprint["cores_per_host"]
+    assert prof.runs and prof.xi["by_density"] == prof.xi_by_density()
+    assert prof.version == 2 and prof.measured
+
+
+def test_one_table_of_shapes():
+    from autotune.profile import model_time
+
+    for name in PRIMITIVES:
+        for P in (2, 3, 4, 8, 64):
+            A, B = model_terms(name, P)
+            for m in (4.0, 3000.0, 1 << 24):
+                assert model_time(name, 2e-6, 3e-10, m, P) == pytest.approx(
+                    2e-6 * A + 3e-10 * m * B, rel=1e-14)
+
+
+def test_v1_file_migrates_to_the_same_predictions(tmp_path):
+    """A version-1 file (as the shipped ones were written) loads as version 2,
+    with what it lacked filled in, and predicts exactly what it did."""
+    from autotune.profile import VERSION, migrate
+    from autotune.selector import Selector
+
+    src = ROOT / "profiles" / "gpu_h200_nvlink_p2.json"
+    raw = json.loads(src.read_text())
+    raw["version"] = 1
+    for key in ("settings", "skipped", "notes"):
+        raw.pop(key, None)
+    raw["fingerprint"].pop("cores_per_host", None)
+    old = tmp_path / "v1.json"
+    old.write_text(json.dumps(raw))
+    prof = Profile.load(old)
+    assert prof.version == VERSION == 2 and raw["version"] == 1  # the input is not modified
+    assert prof.data["settings"] == {} and prof.cores is None and prof.notes == ""
+    assert migrate(prof.data) is prof.data  # current: nothing to do
+    m1, m2 = costmodel.Machine.from_profile(raw), costmodel.Machine.from_profile(prof)
+    for n in (1 << 12, 1 << 20):
+        for algo in ("dense", "oktopk"):
+            assert costmodel.predict(m1, algo, n, 2) == costmodel.predict(m2, algo, n, 2)
+    assert (Selector(raw).choose(1 << 20, 2).algorithm
+            == Selector(prof).choose(1 << 20, 2).algorithm)
+    out = prof.save(tmp_path / "v2.json")
+    assert json.loads(out.read_text())["version"] == 2
+    assert Profile.load(out).predict("allreduce", 1 << 20) == prof.predict("allreduce", 1 << 20)
+
+
+def test_a_future_version_is_refused(tmp_path):
+    raw = json.loads((ROOT / "profiles" / "cpu_shm_p4.json").read_text())
+    raw["version"] = 3
+    path = tmp_path / "future.json"
+    path.write_text(json.dumps(raw))
+    with pytest.raises(ProfileError, match=r"future.json: schema version 3 is newer than this "
+                                           r"autotune understands \(2\); upgrade"):
+        Profile.load(path)
