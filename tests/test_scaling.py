@@ -1,4 +1,4 @@
-"""The scaling study (autotune/studies/scaling.py): projection, model error,
+"""The scaling study (benchmarks/scaling.py): projection, model error,
 tables and plots on synthetic rows, plus one real two-rank measurement."""
 import json
 import math
@@ -10,7 +10,7 @@ import pytest
 
 from autotune import costmodel
 from autotune.profile import Profile, concurrency
-from autotune.studies import scaling
+from benchmarks import scaling
 
 ROOT = Path(__file__).resolve().parent.parent
 DAINT = Profile.load(ROOT / "profiles" / "piz_daint.json").data
@@ -105,7 +105,7 @@ def test_tables_plots_and_cli(tmp_path):
 
     f = tmp_path / "plain.json"
     f.write_text(json.dumps(_result(rows)))
-    out = subprocess.run([sys.executable, "-m", "autotune.studies.scaling", "report", str(f)],
+    out = subprocess.run([sys.executable, "-m", "benchmarks.scaling", "report", str(f)],
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "| **all** |" in out.stdout and "BERT (Wikipedia)" in out.stdout
@@ -121,7 +121,7 @@ def test_tables_plots_and_cli(tmp_path):
 def test_measure_two_ranks_end_to_end(tmp_path):
     """A real (tiny) sweep: mpiexec per P, rows of every P merged in one file."""
     out = tmp_path / "s.json"
-    p = subprocess.run([sys.executable, "-m", "autotune.studies.scaling", "measure",
+    p = subprocess.run([sys.executable, "-m", "benchmarks.scaling", "measure",
                         "--network", "plain", "--np", "2", "--log2n", "10",
                         "--algorithms", "dense,topka", "--repeat", "2", "--warmup", "1",
                         "--budget", "100", "--out", str(out)],

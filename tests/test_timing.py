@@ -8,7 +8,7 @@ import pytest
 
 import collectives
 from autotune.bench import sweep
-from autotune.studies import regret
+from benchmarks import regret
 from collectives import timeit, timeit_interleaved
 
 ROOT = Path(__file__).resolve().parents[1]

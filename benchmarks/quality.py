@@ -2,11 +2,11 @@
 
 Run:
 
-    mpiexec -n 4 python -m autotune.studies.quality [--n 262144] [--iters 200] \
+    mpiexec -n 4 python -m benchmarks.quality [--n 262144] [--iters 200] \
         [--plot docs/quality_tau.png]
 
 Every configuration runs ``--iters`` calls with error feedback on the same
-gradient stream (``autotune.studies.gradient_stream``: a slowly drifting,
+gradient stream (``benchmarks.gradient_stream``: a slowly drifting,
 heavy-tailed signal shared by all ranks plus per-rank heavy-tailed noise,
 per-layer scales).
 
@@ -63,7 +63,7 @@ def run(comm, *, n: int, density: float, iters: int, warmup: int, configs, seed:
     import kernels
     from collectives import ALGORITHMS
 
-    from . import gradient_stream
+    from benchmarks import gradient_stream
 
     world = comm.comm
     k = kernels.k_from_density(n, density)
@@ -104,7 +104,7 @@ def run(comm, *, n: int, density: float, iters: int, warmup: int, configs, seed:
             world.Allreduce(algo.state("grad").residual.astype(np.float64), R, op=MPI.SUM)
             world.Allreduce(x.astype(np.float64), X, op=MPI.SUM)
             held.append(float(np.linalg.norm(R) / max(np.linalg.norm(X), 1e-300)))
-        sent = comm._allreduce(np.array([np.mean(lbytes[warmup:])]), "max")[0]
+        sent = comm.control_allreduce(np.array([np.mean(lbytes[warmup:])]), "max")[0]
         row = {
             "config": cfg, "algorithm": name, "tau_prime": tau_prime, "P": comm.size,
             "n": n, "density": density, "k": k, "iters": iters, "warmup": warmup, "df": df,
@@ -202,7 +202,7 @@ def plot(rows, path: str, warmup: int) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m autotune.studies.quality", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.quality", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=1 << 18)
     ap.add_argument("--density", type=float, default=0.01)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU checks and benchmarks in one go, on a machine with NP >= 2 GPUs (the
 # lent GPU machine has system Open MPI, cupy with NCCL, torch).  Run from the
-# repository root:  NP=2 OUT=/tmp/out STAGES="conf bench profile" tools/gpu_suite.sh
+# repository root:  NP=2 OUT=/tmp/out STAGES="conf bench profile" benchmarks/gpu_suite.sh
 # Writes JSON results under $OUT (bench_*.json, profile_*.json, scaling_*.json) and logs to
 # stdout.  STAGES="profile train" profiles NVLink and sockets through NCCL, then trains
 # the digits CNN over NCCL (train_digits_nccl_P*.json).  STAGES="scaling" runs the CPU-rank scaling study alone (no GPU needed).
@@ -38,10 +38,10 @@ conf)
   "${MPI[@]}" $PY -m tests.mpi.half_checks --backend mpi --array gpu
   ;;
 gpukernels)
-  # the GPU kernel tests and the kernel benchmark's smoke run (tools/gpu_kernels_check.sh;
+  # the GPU kernel tests and the kernel benchmark's smoke run (benchmarks/gpu_kernels_check.sh;
   # BASE=REV there also compares every kernel result with REV's, bitwise)
   step "GPU kernel tests and smoke run"
-  PY=$PY tools/gpu_kernels_check.sh 2>&1 | grep -E "passed|failed|error|smoke|^===" | tail -8
+  PY=$PY benchmarks/gpu_kernels_check.sh 2>&1 | grep -E "passed|failed|error|smoke|^===" | tail -8
   ;;
 bench)
   ALGOS=${ALGOS:-}
@@ -83,14 +83,14 @@ scaling)
   SNP=${SCALING_NP:-2,3,4,6,8,12,16,24,32}
   step "scaling plain (shared memory), CPU ranks P=$SNP, budget ${SCALING_BUDGET:-240} s"
   uptime
-  $PY -m autotune.studies.scaling measure --network plain --np "$SNP" \
+  $PY -m benchmarks.scaling measure --network plain --np "$SNP" \
     --log2n ${SCALING_LOG2N:-20,22,24} --repeat ${SCALING_REPEAT:-5} --warmup 2 \
     --budget ${SCALING_BUDGET:-240} --profile-np 4 --mpiexec mpirun \
     --out "$OUT/scaling_plain.json" | grep -v "^  P="
   step "scaling slow (1 Gbit/s namespace, MPI over TCP), CPU ranks P=$SNP"
   uptime
   # exit 3: the namespace cannot be made here (no ip/tc, or not permitted): skipped, said why
-  $PY -m autotune.studies.scaling measure --network slow --setup-netns autotune_scaling \
+  $PY -m benchmarks.scaling measure --network slow --setup-netns autotune_scaling \
     --np "$SNP" --log2n ${SCALING_LOG2N_SLOW:-18,20} --repeat 3 --warmup 1 \
     --budget ${SCALING_BUDGET:-240} --profile-np 2 --mpiexec mpirun \
     --out "$OUT/scaling_slow.json" | grep -v "^  P="

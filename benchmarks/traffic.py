@@ -2,13 +2,13 @@
 
 Run (one process count per launch):
 
-    mpiexec -n 8 python -m autotune.studies.traffic [--n 1048576] [--density 0.01]
+    mpiexec -n 8 python -m benchmarks.traffic [--n 1048576] [--density 0.01]
 
-or, outside MPI, ``python -m autotune.studies.traffic --np 2,4,8,16`` to launch
+or, outside MPI, ``python -m benchmarks.traffic --np 2,4,8,16`` to launch
 each P in turn and print one table.
 
 For each algorithm it runs ``--iters`` calls with error feedback on the same
-heavy-tailed, drifting gradient stream (``autotune.studies.gradient_stream``)
+heavy-tailed, drifting gradient stream (``benchmarks.gradient_stream``)
 and records, per call, the bytes each rank sent and received (the
 Communicator's accounting, control counts included).  Reported per call:
 max over ranks, divided by the lower bound of any sparse allreduce that
@@ -40,7 +40,7 @@ def run(comm, *, n: int, density: float, iters: int, warmup: int, algorithms, se
 
     import kernels
 
-    from . import gradient_stream
+    from benchmarks import gradient_stream
 
     P = comm.size
     k = kernels.k_from_density(n, density)
@@ -57,11 +57,11 @@ def run(comm, *, n: int, density: float, iters: int, warmup: int, algorithms, se
             algo(next(stream), name="grad", density=density)
             t = algo.last_traffic
             tot = t.total()
-            mx = comm._allreduce(np.array([tot.bytes_sent, tot.bytes_recv], np.int64), "max")
+            mx = comm.control_allreduce(np.array([tot.bytes_sent, tot.bytes_recv], np.int64), "max")
             sent.append(int(mx[0]))
             recv.append(int(mx[1]))
             # mean over ranks: sent and received totals are equal across the job
-            avg.append(int(comm._allreduce(np.array([tot.bytes_sent], np.int64), "sum")[0]) / P)
+            avg.append(int(comm.control_allreduce(np.array([tot.bytes_sent], np.int64), "sum")[0]) / P)
             if name == "oktopk" and not kw and it >= warmup:
                 ncalls += 1
                 for ph, c in t.phases.items():
@@ -87,7 +87,7 @@ def run(comm, *, n: int, density: float, iters: int, warmup: int, algorithms, se
             # this rank's mean per phase (bytes, max of the two directions), then max over ranks
             names = ["reduce", "balance", "allgather", "control"]
             local = np.array([phases.get(p, 0) / max(ncalls, 1) for p in names], dtype=np.float64)
-            worst = comm._allreduce(local, "max")
+            worst = comm.control_allreduce(local, "max")
             row["oktopk_phases"] = {p: float(v / lower) for p, v in zip(names, worst)}
             row["table1_upper_bytes"] = 6 * k * (P - 1) / P * 4
         rows.append(row)
@@ -132,7 +132,7 @@ def format_table(rows) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m autotune.studies.traffic", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.traffic", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=1 << 20)
     ap.add_argument("--density", type=float, default=0.01)
@@ -159,7 +159,7 @@ def main(argv=None) -> int:
                 if i is not None:
                     del rest[i:i + 2]
                 rest = [a for a in rest if not a.startswith("--np=")]
-                cmd = mpiexec_argv(p, [sys.executable, "-m", "autotune.studies.traffic",
+                cmd = mpiexec_argv(p, [sys.executable, "-m", "benchmarks.traffic",
                                        *rest, "--json", out])
                 rc = subprocess.call(cmd, env=mpi_env())
                 if rc:

@@ -7,7 +7,7 @@ choice is divided by the measured time of the fastest algorithm there.
 Strategies compared side by side: the learned selector, the bare cost model,
 always-dense (Rabenseifner) and always-oktopk.
 
-    python -m autotune.studies.regret --profile profiles/X.json --measured a.json b.json
+    python -m benchmarks.regret --profile profiles/X.json --measured a.json b.json
 """
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import json
 import math
 from collections import defaultdict
 
-from ..profile import Profile
-from ..selector import Selector
+from autotune.profile import Profile
+from autotune.selector import Selector
 
 
 def load_points(paths):
@@ -80,7 +80,8 @@ def markdown(rows, summary) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.regret", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--profile", required=True)
     ap.add_argument("--measured", nargs="+", required=True)
     ap.add_argument("--exclude", default="", help="algorithms to leave out (comma-separated)")

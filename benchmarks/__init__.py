@@ -1,18 +1,22 @@
-"""Studies behind the figures in docs/BENCHMARKS.md: scripts, not library API.
+"""Studies and benchmark scripts behind docs/BENCHMARKS.md: not installed, not library API.
+
+Run from the repository root (``python -m benchmarks.<script> --help``);
+benchmarks/README.md says which section of docs/BENCHMARKS.md each reproduces.
 
 - ``traffic``: bytes per rank of every algorithm against the sparse lower
   bound 2k(P-1)/P words, on heavy-tailed gradient-like data with error
-  feedback (``mpiexec -n P python -m autotune.studies.traffic``).
+  feedback (``mpiexec -n P python -m benchmarks.traffic``).
 - ``quality``: how much of the exact global top-k each sparse algorithm
   delivers over 200 error-feedback iterations, and how Ok-Topk's threshold
   reuse interval tau' changes that (``mpiexec -n 4 python -m
-  autotune.studies.quality``).
+  benchmarks.quality``).
+- ``regret``: the selector's regret on measurements held out of its training.
 - ``scaling``: weak scaling P = 2..32 measured (plain and 1 Gbit/s), the cost
   model's error on those points, Piz Daint projection to P = 256
-  (``python -m autotune.studies.scaling measure|model|project|plot|report``).
+  (``python -m benchmarks.scaling measure|model|project|plot|report``).
 
-Both draw the same kind of data (``gradient_stream``) so their numbers can be
-read together.
+Traffic and quality draw the same kind of data (``gradient_stream``) so their
+numbers can be read together.
 """
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ GPUs):
                lasting state (communicator, pool) or only while the others run?
 
 Each schedule builds fresh algorithm instances and drops them afterwards.
-Run:  mpirun -n 2 python tools/mix_probe.py --backend nccl --log2n 24 --density 0.001
+Run:  mpirun -n 2 python -m benchmarks.mix_probe --backend nccl --log2n 24 --density 0.001
       [--json FILE]   (host data with --backend mpi: a CPU check of the probe itself)
 """
 from __future__ import annotations
@@ -39,7 +39,8 @@ from collectives import ALGORITHMS
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.mix_probe", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--backend", choices=("mpi", "nccl"), default="nccl")
     ap.add_argument("--log2n", type=int, default=24)
     ap.add_argument("--density", type=float, default=0.001)
@@ -119,7 +120,7 @@ def main(argv=None) -> int:
                 c()
                 if gpu:
                     stream_sync()
-        t = comm._allreduce(np.array(times), "max")
+        t = comm.control_allreduce(np.array(times), "max")
         split = {k: 1e3 * float(np.mean([s.get(k, 0.0) for s in splits]))
                  for k in ("select", "comm", "reduce")}
         return {"median_ms": 1e3 * float(np.median(t)), "min_ms": 1e3 * float(t.min()),

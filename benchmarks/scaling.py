@@ -4,18 +4,18 @@ those points, and a projection to P = 256 with the Piz Daint profile.
 Subcommands (outside MPI; ``measure`` launches the ranks itself):
 
     # weak scaling (n elements per rank, P grows), every MPI algorithm, raw rows
-    python -m autotune.studies.scaling measure --network plain --np 2,3,4,6,8,12,16,24,32 \\
+    python -m benchmarks.scaling measure --network plain --np 2,3,4,6,8,12,16,24,32 \\
         --log2n 20,22,24 --budget 240 --profile-np 4 --out scaling_plain.json
     # the same on the 1 Gbit/s namespace (root, `ip` and `tc` needed; exit 3 if unavailable)
-    python -m autotune.studies.scaling measure --network slow --setup-netns scalenet \\
+    python -m benchmarks.scaling measure --network slow --setup-netns scalenet \\
         --log2n 18,20 --repeat 3 --warmup 1 --profile-np 2 --out scaling_slow.json
     # the cost model on every measured point (profile: --profile, else the embedded one)
-    python -m autotune.studies.scaling model scaling_plain.json scaling_slow.json
+    python -m benchmarks.scaling model scaling_plain.json scaling_slow.json
     # Piz Daint projection for the paper's models, P = 16..256
-    python -m autotune.studies.scaling project
+    python -m benchmarks.scaling project
     # PNGs (docs/img/scaling_*.png) and the markdown tables for docs/BENCHMARKS.md
-    python -m autotune.studies.scaling plot scaling_plain.json scaling_slow.json --outdir docs/img
-    python -m autotune.studies.scaling report scaling_plain.json scaling_slow.json
+    python -m benchmarks.scaling plot scaling_plain.json scaling_slow.json --outdir docs/img
+    python -m benchmarks.scaling report scaling_plain.json scaling_slow.json
 
 ``measure`` runs ``autotune bench``'s ``sweep`` (same data, timing, traffic
 and phase split) once per P under ``mpiexec -n P`` (``--oversubscribe`` only
@@ -61,9 +61,10 @@ from pathlib import Path
 import numpy as np
 
 import profiles
-
-from .. import costmodel
-from ..profile import Profile, concurrency
+from autotune import costmodel
+from autotune.launch import cores, mpiexec_argv
+from autotune.profile import Profile, concurrency
+from collectives import ALGORITHMS
 
 DEFAULT_NP = "2,3,4,6,8,12,16,24,32"
 DEFAULT_LOG2N = {"plain": "20,22,24", "slow": "18,20"}
@@ -115,20 +116,14 @@ def _color(algo: str):
 
 
 # -- measure -----------------------------------------------------------------------
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
 def _launch_argv(P: int, argv: list[str], *, mpiexec: str | None, netns: str | None) -> list[str]:
-    """mpiexec -n P [--oversubscribe --bind-to none] argv, inside ``netns`` if given."""
-    from ..launch import find_mpiexec
-
-    cmd = [mpiexec or find_mpiexec(), "-n", str(P)]
-    if P > _cores():
-        cmd += ["--oversubscribe", "--bind-to", "none"]
+    """mpiexec -n P [--oversubscribe --bind-to none] argv (``autotune.launch``), with
+    ``mpiexec`` instead of the launcher's own if given, inside ``netns`` if given."""
+    cmd = mpiexec_argv(P, [])
+    if mpiexec:
+        cmd[0] = mpiexec
+    if P > cores():
+        cmd += ["--bind-to", "none"]
     cmd += argv
     if netns:
         cmd = ["ip", "netns", "exec", netns, *cmd]
@@ -201,14 +196,14 @@ def measure(*, network: str, nps, sizes, density: float, repeat: int, warmup: in
             profile_max_bytes: str | None = None, profile_share: float = 0.4,
             mpiexec: str | None = None, netns: str | None = None) -> dict:
     """Launch one bench sweep per P and merge the rows into one result dict (written to ``out``)."""
-    from ..launch import mpi_env
+    from autotune.launch import mpi_env
 
     env = mpi_env(SLOW_MPI_ENV if network == "slow" else None)
     t_start = time.perf_counter()
     result = {
         "study": "scaling", "network": network, "density": density, "sizes": list(sizes),
         "process_counts": list(nps), "repeat": repeat, "warmup": warmup, "budget_s": budget_s,
-        "cores": _cores(), "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "cores": cores(), "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "loadavg_start": list(os.getloadavg()), "netns": netns,
         "timing": "autotune.bench.sweep: median of `repeat` calls after `warmup`, each after a "
                   "barrier, slowest rank; n elements (float32) per rank",
@@ -254,7 +249,7 @@ def measure(*, network: str, nps, sizes, density: float, repeat: int, warmup: in
                 print(f"scaling: skip P={P} ({why})", flush=True)
                 continue
             rows_out = os.path.join(d, f"rows_P{P}.json")
-            argv = [sys.executable, "-m", "autotune.studies.scaling", "_rank",
+            argv = [sys.executable, "-m", "benchmarks.scaling", "_rank",
                     "--log2n", ",".join(str(int(math.log2(n))) for n in sizes),
                     "--density", str(density), "--repeat", str(repeat), "--warmup", str(warmup),
                     "--json", rows_out]
@@ -265,7 +260,7 @@ def measure(*, network: str, nps, sizes, density: float, repeat: int, warmup: in
             rc, el = _run(cmd, env, left)
             result["launches"].append({"what": "sweep", "P": P, "rc": rc, "seconds": el,
                                        "loadavg_1min": [load0, os.getloadavg()[0]],
-                                       "oversubscribed": P > _cores(), "argv": _portable(cmd, d)})
+                                       "oversubscribed": P > cores(), "argv": _portable(cmd, d)})
             if rc == 0:
                 with open(rows_out) as f:
                     result["rows"] += json.load(f)
@@ -285,7 +280,7 @@ def rank_main(args) -> int:
     import collectives
     from collectives import ALGORITHMS
 
-    from ..bench import sweep
+    from autotune.bench import sweep
 
     comm = collectives.MPICommunicator()
     if args.algorithms:
@@ -349,7 +344,7 @@ def model_errors(rows, prof: dict) -> list[dict]:
     out = []
     for r in rows:
         a = r["algorithm"]
-        if a not in costmodel.TERMS:
+        if a not in ALGORITHMS:
             continue
         P = int(r["P"])
         if P not in cache:
@@ -508,7 +503,7 @@ def plot_measured(res: dict, outdir, prof: dict | None = None) -> Path:
                 continue
             P, t = zip(*pts)
             ax.plot(P, np.array(t) * 1e3, "o-", color=colors[a], label=a, ms=3)
-            if prof is not None and a in costmodel.TERMS:
+            if prof is not None and a in ALGORITHMS:
                 pred = [costmodel.predict(machine_at(prof, p), a, n, p, res["density"]) for p in P]
                 ax.plot(P, np.array(pred) * 1e3, "--", color=colors[a], lw=0.8)
         _log_panel(ax, "P (ranks)", "ms per call (median, slowest rank)",
@@ -551,7 +546,7 @@ def _load_profile_file(path) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m autotune.studies.scaling",
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.scaling",
                                  description=__doc__.splitlines()[0],
                                  epilog=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)

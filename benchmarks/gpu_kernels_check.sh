@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # GPU checks of kernels/ on one GPU, from the repository root:
-#   tools/gpu_kernels_check.sh                     the GPU kernel tests + the benchmark's smoke run
-#   BASE=HEAD~1 tools/gpu_kernels_check.sh         ... + every result of kernels/ compared,
-#                                                  bitwise, with BASE's kernels/ on the same data
-#   OLD_KERNELS=DIR tools/gpu_kernels_check.sh     the same against DIR/kernels (no git needed)
+#   benchmarks/gpu_kernels_check.sh                  the GPU kernel tests + the benchmark's smoke run
+#   BASE=HEAD~1 benchmarks/gpu_kernels_check.sh      ... + every result of kernels/ compared,
+#                                                    bitwise, with BASE's kernels/ on the same data
+#   OLD_KERNELS=DIR benchmarks/gpu_kernels_check.sh  the same against DIR/kernels (no git needed)
 # The comparison goes through the public API only (threshold selection by both launch
 # paths, exact top-k by the one-block kernel and the radix select with and without its
 # host read, k-th magnitude, capping, Gaussiank, coo_sum, scatter_add), so any two

@@ -1,7 +1,7 @@
 """What half-precision inputs cost: the same allreduce on float32 and on float16 /
 bfloat16 inputs (widened to float32, rounded back), interleaved, medians.
 
-    mpiexec -n 2 python3 tools/half_bench.py [--backend nccl] [--device cuda]
+    mpiexec -n 2 python -m benchmarks.half_bench [--backend nccl] [--device cuda]
         [--log2n 20,24] [--algorithms dense,oktopk] [--density 0.01] [--rounds 30]
 
 Prints one line per (algorithm, n): the median over rounds of the slowest rank's ms
@@ -11,7 +11,6 @@ tensors (torch needed), and the ratios to float32.
 from __future__ import annotations
 
 import argparse
-import time
 
 import numpy as np
 import torch
@@ -22,7 +21,8 @@ from collectives import MPICommunicator
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.half_bench", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--backend", choices=["mpi", "nccl"], default="mpi")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--log2n", default="20,24")
