@@ -26,7 +26,7 @@ def pytest_terminal_summary(terminalreporter):
     if not HAS_GPU:
         terminalreporter.write_line(
             f"no CUDA GPU: GPU cases not collected ({', '.join(GPU_MODULES)} and "
-            f"{len(_LEFT_OUT)} marked gpu); run them on a GPU machine (tools/gpu_suite.sh)")
+            f"{len(_LEFT_OUT)} marked gpu); run them on a GPU machine (benchmarks/gpu_suite.sh)")
 
 
 @pytest.fixture

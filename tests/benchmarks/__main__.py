@@ -307,7 +307,8 @@ def pytest_argv(suite: Suite, nprocs: int, bench_args: list[str], extra: list[st
 
     targets = nodes or [str(Path("tests/benchmarks") / f) for f in suite.files]
     argv = [sys.executable, "-m", "pytest", *targets,
-            "-q", "-p", "no:cacheprovider", "--benchmark-enable", "--benchmark-sort=name",
+            "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "-o", "addopts=-ra",
+            "--benchmark-enable", "--benchmark-sort=name",
             "--benchmark-columns=min,median,iqr,rounds", *bench_args, *extra]
     return mpiexec_argv(nprocs, argv) if suite.mpi else argv
 
@@ -326,8 +327,11 @@ def run_pytest(name: str, args, storage: Path, current: Path, bench: list[str], 
                                         f"--benchmark-json={current}", *bench], args.pytest_args,
                        nodes)
     print(f"\n=== suite {name} ({what}): {shlex.join(argv)}", flush=True)
+    full_env = mpi_env(env)
+    for key in [k for k in full_env if k.startswith(("PYTEST_XDIST", "PYTEST_CURRENT"))]:
+        del full_env[key]  # timed runs are never an xdist worker (pytest-benchmark disables itself)
     try:
-        return subprocess.run(argv, cwd=ROOT, env=mpi_env(env), timeout=args.timeout).returncode
+        return subprocess.run(argv, cwd=ROOT, env=full_env, timeout=args.timeout).returncode
     except subprocess.TimeoutExpired:
         return None
 
