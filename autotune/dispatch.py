@@ -65,8 +65,37 @@ class Choice:
                 f"measured {ms(self.measured_s)} over {self.calls} call(s)")
 
 
-_STATE: dict = {"comm": None, "algos": {}, "selector": None, "profile": None, "choices": {},
-                "options": {}}
+class Context:
+    """Everything the library holds in a process, in one place (one instance, ``_CTX``).
+
+    ``comm``: the library's Communicator (its own duplicate of the caller's);
+    ``algos``: one instance per algorithm, holding the error-feedback states of
+    every tensor that uses it; ``options``: their constructor keywords;
+    ``profile`` / ``selector``: what ``algorithm="auto"`` decides from (rank 0);
+    ``choices``: the cached decisions.  A new communicator drops the instances
+    and the decisions (their states belong to the old one); a new profile drops
+    the decisions.
+    """
+
+    __slots__ = ("comm", "algos", "options", "profile", "selector", "choices")
+
+    def __init__(self):
+        self.comm = None
+        self.algos: dict = {}
+        self.options: dict = {}
+        self.profile = None
+        self.selector = None
+        self.choices: dict = {}
+
+    def bind(self, comm) -> None:
+        if comm is not self.comm:
+            self.comm, self.algos, self.choices = comm, {}, {}
+
+    def use_profile(self, profile, selector) -> None:
+        self.profile, self.selector, self.choices = profile, selector, {}
+
+
+_CTX = Context()
 
 #: environment variables that change what the library does; they must agree across ranks
 #: (AUTOTUNE_PROFILE is agreed with the profile itself)
@@ -76,9 +105,9 @@ ENV_PREFIX = "AUTOTUNE_"
 def communicator():
     """The library's Communicator, set up on first use (``init()`` with no
     arguments: a duplicate of MPI's world communicator).  Collective the first time."""
-    if _STATE["comm"] is None:
+    if _CTX.comm is None:
         init()
-    return _STATE["comm"]
+    return _CTX.comm
 
 
 def init(comm=None, *, profile=None, options: dict | None = None):
@@ -112,11 +141,10 @@ def init(comm=None, *, profile=None, options: dict | None = None):
         ValueError: profiles, options or environment differ across ranks.
     """
     if comm is None:
-        comm = _STATE["comm"] or collectives.MPICommunicator()
+        comm = _CTX.comm or collectives.MPICommunicator()
     elif not isinstance(comm, collectives.Communicator):
         comm = collectives.MPICommunicator(comm)
-    if comm is not _STATE["comm"]:
-        _STATE.update(comm=comm, algos={}, choices={})
+    _CTX.bind(comm)
     if profile is None:
         profile = os.environ.get("AUTOTUNE_PROFILE") or None
     _agree_setup(comm, profile)
@@ -138,7 +166,7 @@ def _profile_digest(data) -> int:
 def _agree_setup(comm, profile) -> None:
     """Load the profile (rank 0) and agree on it and the environment in one
     allgather; every rank raises the same error or every rank goes on."""
-    from .profile import Profile, ProfileError
+    from .profile import Profile, ProfileError, migrate
 
     prof = selector = error = None
     digest = 0
@@ -150,12 +178,13 @@ def _agree_setup(comm, profile) -> None:
 
                 prof = profile if isinstance(profile, Profile) else Profile.load(
                     profile, current=local_fingerprint())
-                selector = Selector(prof.data)
+                selector = Selector(prof)
                 digest = _profile_digest(prof.data)
             elif isinstance(profile, Profile):
                 digest = _profile_digest(profile.data)
             else:
-                digest = _profile_digest(Profile.read_json(profile))
+                # the migrated document, as rank 0's (Profile.load migrates)
+                digest = _profile_digest(migrate(Profile.read_json(profile)))
         except (ProfileError, ValueError, TypeError, OSError) as e:
             error = e
     env, env_items = _env_digest()
@@ -182,7 +211,7 @@ def _agree_setup(comm, profile) -> None:
         raise ValueError(f"autotune.init: {ENV_PREFIX}* environment variables differ from "
                          f"rank 0's on rank(s) {bad} (this rank: {env_items or 'none set'})")
     if prof is not None:
-        _STATE.update(profile=prof, selector=selector, choices={})
+        _CTX.use_profile(prof, selector)
         if prof.foreign and prof.path not in _WARNED:
             _WARNED.add(prof.path)
             warnings.warn(f"autotune: profile {prof.path} was measured on another machine ("
@@ -197,11 +226,11 @@ def algorithm_instance(name: str):
     """The per-process instance of a registered algorithm (it holds the
     error-feedback states of all tensors that use it)."""
     comm = communicator()
-    algos = _STATE["algos"]
+    algos = _CTX.algos
     if name not in algos:
         if name not in ALGORITHMS:
             raise ValueError(f"unknown algorithm {name!r}; registered: {sorted(ALGORITHMS)}")
-        algos[name] = ALGORITHMS[name](comm, **_STATE["options"].get(name, {}))
+        algos[name] = ALGORITHMS[name](comm, **_CTX.options.get(name, {}))
     return algos[name]
 
 
@@ -261,30 +290,30 @@ def _set_options(comm, options: dict) -> None:
         raise ValueError(f"algorithm options differ across ranks (rank {comm.rank}: {options!r})")
     # the constructors' own checks (the same on every rank), then the new instances
     built = {name: ALGORITHMS[name](comm, **kw) for name, kw in options.items()}
-    for name in set(options) | set(_STATE["options"]):
-        if options.get(name, {}) != _STATE["options"].get(name, {}):
-            _STATE["algos"].pop(name, None)
+    for name in set(options) | set(_CTX.options):
+        if options.get(name, {}) != _CTX.options.get(name, {}):
+            _CTX.algos.pop(name, None)
             if name in built:
-                _STATE["algos"][name] = built[name]
-    _STATE["options"] = {name: dict(kw) for name, kw in options.items()}
+                _CTX.algos[name] = built[name]
+    _CTX.options = {name: dict(kw) for name, kw in options.items()}
 
 
 def decisions() -> dict:
     """The cached auto decisions: :class:`Key` -> :class:`Choice` (``str()`` of a
     Choice is one readable line; ``print_decisions()`` prints them all)."""
-    return dict(_STATE["choices"])
+    return dict(_CTX.choices)
 
 
 def print_decisions(file=None) -> None:
     """One line per cached decision: tensor, shape, P, device -> choice."""
-    for key, choice in _STATE["choices"].items():
+    for key, choice in _CTX.choices.items():
         print(f"{key.name or '(unnamed)'} {key.shape} {key.dtype} P={key.P} {key.device}: "
               f"{choice}", file=file)
 
 
 def _decide(comm, n: int, name, density) -> Choice:
     """Rank 0 asks the selector and broadcasts; an error there is raised on every rank."""
-    sel = _STATE["selector"]
+    sel = _CTX.selector
     msg = None
     if comm.rank == 0:
         try:
@@ -345,9 +374,9 @@ def _tag(name) -> str:
 
 def _resolve_validated(comm, arr, name, density) -> Choice:
     key = _key(comm, name, arr)
-    choice = _STATE["choices"].get(key)
+    choice = _CTX.choices.get(key)
     if choice is None:
-        choice = _STATE["choices"][key] = _decide(comm, arr.size, name, density)
+        choice = _CTX.choices[key] = _decide(comm, arr.size, name, density)
         log.info("autotune: %s %s -> %s (predicted %s s)", name, arr.shape, choice.algorithm,
                  choice.predicted_s)
     return choice

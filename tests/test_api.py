@@ -105,7 +105,7 @@ def test_init_warns_once_for_a_profile_from_another_machine(tmp_path):
             warnings.simplefilter("error")
             autotune.init(profile=str(path))  # once per profile
     finally:
-        autotune.dispatch._STATE.update(profile=None, selector=None, choices={})
+        autotune.dispatch._CTX.use_profile(None, None)
 
 
 def test_decisions_print_readably(capsys):
@@ -122,4 +122,4 @@ def test_decisions_print_readably(capsys):
         line, = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("readable")]
         assert choice.algorithm in line and "P=1" in line
     finally:
-        autotune.dispatch._STATE.update(profile=None, selector=None, choices={})
+        autotune.dispatch._CTX.use_profile(None, None)
