@@ -227,8 +227,9 @@ class OkTopk(SparseAllreduce):
         return out
 
     def _stats(self, st, refresh, refreshed, Q, thr, gthr, split, plan) -> dict:
-        """What the call did, for tests and tools (``tools/oktopk_trace.py``):
-        per-rank lists are in rank order and identical on every rank."""
+        """What the call did, for tests and tools (``benchmarks/oktopk_trace.py`` reads it
+        through ``collectives.observe``): per-rank lists are in rank order and identical
+        on every rank."""
         stats = {"iteration": st.iteration, "refresh": refresh, "Q": Q, "B": plan.B,
                  "local_threshold": thr}
         if refreshed:
