@@ -265,7 +265,7 @@ def run_bad(name: str, case: str, rng) -> str:
 LARGE = 2**20
 
 
-SMALL_CALLS = 5  # error-feedback calls per case below LARGE: residuals carried, thresholds reused
+SMALL_CALLS = 4  # error-feedback calls per case below LARGE: residuals carried, thresholds reused
 EVERY_P = ("gaussian", "hot")            # the one-hot region: the traffic bound's worst case
 ROTATING = ("heavy", "ties", "equal")    # one of these per P, chosen by P
 
