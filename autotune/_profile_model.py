@@ -8,15 +8,12 @@ model (:mod:`autotune.costmodel`) all use this one table.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
+from collectives import ceil_log2
+
 # -- the alpha-beta model shapes ----------------------------------------------------
-def _log2c(P: int) -> int:
-    return max(0, math.ceil(math.log2(P))) if P > 1 else 0
-
-
 @dataclass(frozen=True)
 class _Shape:
     """One primitive's model: ``time = alpha*A(P) + beta*m*B(P)``.
@@ -37,17 +34,17 @@ class _Shape:
 _SHAPES = {
     "p2p": _Shape("a + b*m", lambda P: 1.0, lambda P: 1.0,
                   lambda a, b, m, P: a + b * m),
-    "allgather": _Shape("a*ceil(log2 P) + b*m*(P-1)", lambda P: _log2c(P), lambda P: P - 1.0,
-                        lambda a, b, m, P: a * _log2c(P) + b * m * (P - 1)),
-    "allgatherv": _Shape("a*ceil(log2 P) + b*m*(P-1)", lambda P: _log2c(P), lambda P: P - 1.0,
-                         lambda a, b, m, P: a * _log2c(P) + b * m * (P - 1)),
+    "allgather": _Shape("a*ceil(log2 P) + b*m*(P-1)", lambda P: ceil_log2(P), lambda P: P - 1.0,
+                        lambda a, b, m, P: a * ceil_log2(P) + b * m * (P - 1)),
+    "allgatherv": _Shape("a*ceil(log2 P) + b*m*(P-1)", lambda P: ceil_log2(P), lambda P: P - 1.0,
+                         lambda a, b, m, P: a * ceil_log2(P) + b * m * (P - 1)),
     "alltoallv": _Shape("a*(P-1) + b*m*(P-1)", lambda P: P - 1.0, lambda P: P - 1.0,
                         lambda a, b, m, P: a * (P - 1) + b * m * (P - 1)),
-    "allreduce": _Shape("2a*ceil(log2 P) + 2b*m*(P-1)/P", lambda P: 2.0 * _log2c(P),
+    "allreduce": _Shape("2a*ceil(log2 P) + 2b*m*(P-1)/P", lambda P: 2.0 * ceil_log2(P),
                         lambda P: 2.0 * (P - 1) / P,
-                        lambda a, b, m, P: 2 * a * _log2c(P) + 2 * b * m * (P - 1) / P),
-    "bcast": _Shape("a*ceil(log2 P) + b*m*ceil(log2 P)", lambda P: _log2c(P),
-                    lambda P: _log2c(P), lambda a, b, m, P: _log2c(P) * (a + b * m)),
+                        lambda a, b, m, P: 2 * a * ceil_log2(P) + 2 * b * m * (P - 1) / P),
+    "bcast": _Shape("a*ceil(log2 P) + b*m*ceil(log2 P)", lambda P: ceil_log2(P),
+                    lambda P: ceil_log2(P), lambda a, b, m, P: ceil_log2(P) * (a + b * m)),
 }
 PRIMITIVES = tuple(_SHAPES)
 # Local compute kernels a profile times ("stream" is absent from older profiles).

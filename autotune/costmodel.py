@@ -36,7 +36,6 @@ deliberately simple; the learned selector corrects them with measurements.
 """
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 
@@ -172,10 +171,6 @@ class Machine:
         if self.stream is not None:  # measured: acc = r + x, 3 streams per element
             return streams / 3 * self.stream.c1 * max(n, 0.0)
         return streams * self.threshold.c1 * max(n, 0.0)
-
-
-def _lg(P: int) -> int:
-    return math.ceil(math.log2(P)) if P > 1 else 0
 
 
 def _k(n: int, density: float) -> int:

@@ -2,7 +2,7 @@
 
 The forced path (``algorithm="dense"``, ``"oktopk"``, ...) needs no profile.
 ``algorithm="auto"``:
-  * with a profile (``init(profile=...)`` or ``AUTOTUNE_PROFILE``), rank 0
+  * with a profile (``init(profile=...)``), rank 0
     asks the selector, broadcasts the decision, and every rank caches it per
     (name, shape, dtype, P, device);
   * without one, the documented default: ``dense`` (exact Rabenseifner).
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 import warnings
 import zlib
@@ -23,7 +22,7 @@ from typing import NamedTuple
 import numpy as np
 
 import collectives
-from collectives import ALGORITHMS, validate
+from collectives import ALGORITHMS, agree, validate
 
 from ._convert import as_array
 
@@ -97,11 +96,6 @@ class Context:
 
 _CTX = Context()
 
-#: environment variables that change what the library does; they must agree across ranks
-#: (AUTOTUNE_PROFILE is agreed with the profile itself)
-ENV_PREFIX = "AUTOTUNE_"
-
-
 def communicator():
     """The library's Communicator, set up on first use (``init()`` with no
     arguments: a duplicate of MPI's world communicator).  Collective the first time."""
@@ -114,18 +108,18 @@ def init(comm=None, *, profile=None, options: dict | None = None):
     """Set up the communicator (MPI world by default) and, optionally, a profile.
 
     Collective: every rank calls it, with the same arguments.  Whatever must
-    agree across ranks is checked here in one small allgather, and a problem
-    on any rank raises the same error on every rank: the profile (loaded and
-    validated by rank 0, which decides; ranks given a profile must give the
-    same one, ranks given none use rank 0's), the options, and the
-    ``AUTOTUNE_*`` environment variables.
+    agree across ranks is checked here, and a problem on any rank raises the
+    same error on every rank: the profile (loaded and validated by rank 0,
+    which decides; ranks given a profile must give the same one, ranks given
+    none use rank 0's) and the options.
 
     Args:
         comm: a ``collectives.Communicator`` or an ``mpi4py`` communicator
             (default ``MPI.COMM_WORLD``).  An mpi4py communicator is
             duplicated once here: the library never talks on the caller's.
         profile: path to a profile JSON (or an autotune.profile.Profile) that
-            ``algorithm="auto"`` decides from; default ``$AUTOTUNE_PROFILE``.
+            ``algorithm="auto"`` decides from (default: none, or the one
+            set by an earlier call).
             A profile measured on another machine is used, with a warning
             (rank 0, once).
         options: constructor keywords per algorithm, e.g.
@@ -138,25 +132,17 @@ def init(comm=None, *, profile=None, options: dict | None = None):
 
     Raises:
         ProfileError: the profile is missing, unreadable or invalid (on any rank).
-        ValueError: profiles, options or environment differ across ranks.
+        ValueError: profiles or options differ across ranks.
     """
     if comm is None:
         comm = _CTX.comm or collectives.MPICommunicator()
     elif not isinstance(comm, collectives.Communicator):
         comm = collectives.MPICommunicator(comm)
     _CTX.bind(comm)
-    if profile is None:
-        profile = os.environ.get("AUTOTUNE_PROFILE") or None
     _agree_setup(comm, profile)
     if options is not None:
         _set_options(comm, options)
     return comm
-
-
-def _env_digest() -> tuple[int, list[str]]:
-    items = sorted((k, v) for k, v in os.environ.items()
-                   if k.startswith(ENV_PREFIX) and k != "AUTOTUNE_PROFILE")
-    return zlib.crc32(repr(items).encode()) & 0x7FFFFFFF, [f"{k}={v}" for k, v in items]
 
 
 def _profile_digest(data) -> int:
@@ -164,8 +150,8 @@ def _profile_digest(data) -> int:
 
 
 def _agree_setup(comm, profile) -> None:
-    """Load the profile (rank 0) and agree on it and the environment in one
-    allgather; every rank raises the same error or every rank goes on."""
+    """Load the profile (rank 0) and agree on it in one allgather; every rank
+    raises the same error or every rank goes on."""
     from .profile import Profile, ProfileError, migrate
 
     prof = selector = error = None
@@ -187,8 +173,7 @@ def _agree_setup(comm, profile) -> None:
                 digest = _profile_digest(migrate(Profile.read_json(profile)))
         except (ProfileError, ValueError, TypeError, OSError) as e:
             error = e
-    env, env_items = _env_digest()
-    mine = [int(profile is not None), digest, int(error is not None), env]
+    mine = [int(profile is not None), digest, int(error is not None)]
     table = comm.allgather_ints(mine) if comm.size > 1 else np.asarray([mine], dtype=np.int64)
     bad = np.flatnonzero(table[:, 2])
     if bad.size:
@@ -206,10 +191,6 @@ def _agree_setup(comm, profile) -> None:
     if differ:
         raise ValueError(f"autotune.init: the profile differs from rank 0's on rank(s) {differ} "
                          f"(this rank: {profile})")
-    if (table[:, 3] != table[0, 3]).any():
-        bad = np.flatnonzero(table[:, 3] != table[0, 3]).tolist()
-        raise ValueError(f"autotune.init: {ENV_PREFIX}* environment variables differ from "
-                         f"rank 0's on rank(s) {bad} (this rank: {env_items or 'none set'})")
     if prof is not None:
         _CTX.use_profile(prof, selector)
         if prof.foreign and prof.path not in _WARNED:
@@ -273,21 +254,15 @@ def parse_options(items) -> dict:
 def _set_options(comm, options: dict) -> None:
     """Check ``options`` (same on every rank, known algorithms, accepted by
     their constructors) and install them; every rank raises the same error."""
-    problem = ""
+    problem, canon = None, None
     if not isinstance(options, dict) or not all(isinstance(v, dict) for v in options.values()):
-        problem = "options must map algorithm names to dicts of keywords"
+        problem = ValueError("options must map algorithm names to dicts of keywords")
+    elif set(options) - set(ALGORITHMS):
+        problem = ValueError(f"options for unknown algorithms {sorted(set(options) - set(ALGORITHMS))}"
+                             f"; registered: {sorted(ALGORITHMS)}")
     else:
-        unknown = sorted(set(options) - set(ALGORITHMS))
-        if unknown:
-            problem = f"options for unknown algorithms {unknown}; registered: {sorted(ALGORITHMS)}"
-    canon = repr(sorted((a, sorted(kw.items())) for a, kw in options.items())) if not problem else ""
-    mine = [zlib.crc32(canon.encode()), int(bool(problem))]
-    table = comm.allgather_ints(mine) if comm.size > 1 else np.asarray([mine], dtype=np.int64)
-    if table[:, 1].any():
-        raise ValueError(problem or f"algorithm options invalid on ranks "
-                                    f"{np.flatnonzero(table[:, 1]).tolist()}")
-    if (table[:, 0] != table[0, 0]).any():
-        raise ValueError(f"algorithm options differ across ranks (rank {comm.rank}: {options!r})")
+        canon = sorted((a, sorted(kw.items())) for a, kw in options.items())
+    agree(comm, problem, value=canon, what="algorithm options")
     # the constructors' own checks (the same on every rank), then the new instances
     built = {name: ALGORITHMS[name](comm, **kw) for name, kw in options.items()}
     for name in set(options) | set(_CTX.options):

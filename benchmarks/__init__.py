@@ -20,9 +20,23 @@ numbers can be read together.
 """
 from __future__ import annotations
 
+import argparse
+
 import numpy as np
 
-__all__ = ["gradient_stream"]
+__all__ = ["gradient_stream", "study_parser"]
+
+
+def study_parser(module: str, doc: str, *, n: int, iters: int, warmup: int,
+                 warmup_help: str | None = None) -> argparse.ArgumentParser:
+    """The options every error-feedback study shares: --n, --density, --iters, --warmup."""
+    ap = argparse.ArgumentParser(prog=f"python -m benchmarks.{module}", description=doc,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", type=int, default=n)
+    ap.add_argument("--density", type=float, default=0.01)
+    ap.add_argument("--iters", type=int, default=iters)
+    ap.add_argument("--warmup", type=int, default=warmup, help=warmup_help)
+    return ap
 
 
 def gradient_stream(n: int, rank: int, *, seed: int = 0, layers: int = 16,

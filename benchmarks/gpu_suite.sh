@@ -69,9 +69,9 @@ train)
   # decides from the NVLink profile when the profile stage ran first in this $OUT;
   # TRAIN_EXTRA: more example options (e.g. the warm-up recipe)
   prof="$OUT/profile_gpu_nvlink_P${NP}.json"; penv=()
-  [ -f "$prof" ] && penv=(-x AUTOTUNE_PROFILE="$prof")
+  [ -f "$prof" ] && penv=(--profile "$prof")
   step "train digits_cnn over NCCL, P=$NP (profile for auto: ${penv[*]:-none})"
-  "${MPI[@]}" "${penv[@]}" $PY examples/digits_cnn.py --device cuda --backend nccl \
+  "${MPI[@]}" $PY examples/digits_cnn.py "${penv[@]}" --device cuda --backend nccl \
     --algorithm ${TRAIN_ALGOS:-dense,oktopk,gtopk,topka,auto} --density ${TRAIN_DENSITY:-0.01,0.001} \
     --seed ${TRAIN_SEEDS:-0,1,2} ${TRAIN_EXTRA:-} --quiet --out "$OUT/train_digits_nccl_P${NP}.json"
   $PY examples/plot_curves.py "$OUT/train_digits_nccl_P${NP}.json" --out-dir "$OUT" --tta

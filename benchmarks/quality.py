@@ -35,7 +35,7 @@ Reported: means over calls >= ``--warmup`` (the residuals have filled).
 """
 from __future__ import annotations
 
-import argparse
+from benchmarks import study_parser
 import json
 import sys
 
@@ -202,12 +202,7 @@ def plot(rows, path: str, warmup: int) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.quality", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--n", type=int, default=1 << 18)
-    ap.add_argument("--density", type=float, default=0.01)
-    ap.add_argument("--iters", type=int, default=200)
-    ap.add_argument("--warmup", type=int, default=20)
+    ap = study_parser("quality", __doc__, n=1 << 18, iters=200, warmup=20)
     ap.add_argument("--configs", default=DEFAULT_CONFIGS,
                     help="comma-separated algorithm[:tau_prime][@key=value+...] entries")
     ap.add_argument("--seed", type=int, default=0)

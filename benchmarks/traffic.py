@@ -21,7 +21,7 @@ control) and checked against Table 1's upper end 6k(P-1)/P words.
 """
 from __future__ import annotations
 
-import argparse
+from benchmarks import study_parser
 import json
 import os
 import subprocess
@@ -132,13 +132,8 @@ def format_table(rows) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.traffic", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--n", type=int, default=1 << 20)
-    ap.add_argument("--density", type=float, default=0.01)
-    ap.add_argument("--iters", type=int, default=80)
-    ap.add_argument("--warmup", type=int, default=16,
-                    help="calls excluded from the steady-state mean")
+    ap = study_parser("traffic", __doc__, n=1 << 20, iters=80, warmup=16,
+                      warmup_help="calls excluded from the steady-state mean")
     ap.add_argument("--algorithms", default=DEFAULT_ALGOS,
                     help="comma-separated; name@key=value+key=value passes constructor "
                          "keywords, e.g. oktopk@tau=1")
@@ -147,7 +142,7 @@ def main(argv=None) -> int:
     ap.add_argument("--np", help="outside MPI: comma-separated process counts to launch")
     args = ap.parse_args(argv)
 
-    from autotune.launch import mpi_env, mpiexec_argv, under_mpi
+    from autotune.launch import mpiexec_argv, under_mpi
 
     if args.np and not under_mpi():
         rows = []
@@ -161,7 +156,7 @@ def main(argv=None) -> int:
                 rest = [a for a in rest if not a.startswith("--np=")]
                 cmd = mpiexec_argv(p, [sys.executable, "-m", "benchmarks.traffic",
                                        *rest, "--json", out])
-                rc = subprocess.call(cmd, env=mpi_env())
+                rc = subprocess.call(cmd)
                 if rc:
                     return rc
                 with open(out) as f:

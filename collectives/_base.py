@@ -296,8 +296,8 @@ def agree(comm: Communicator, problem: BaseException | None = None, *, value=Non
     _raise_problem(comm, table, problem)
     differ = [int(r) for r in np.flatnonzero(table[:, 1] != table[0, 1])]
     if differ:
-        raise ValueError(f"{what} differ(s) from rank 0's on rank(s) {differ} "
-                         f"(this rank: {value!r:.200})")
+        raise ValueError(f"{what} differ across ranks (rank(s) {differ} differ from rank 0; "
+                         f"this rank: {value!r:.200})")
 
 
 def _raise_problem(comm: Communicator, table, problem) -> None:

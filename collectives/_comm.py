@@ -14,7 +14,6 @@ import abc
 import contextlib
 import ctypes
 import logging
-import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -316,13 +315,7 @@ class Communicator(abc.ABC):
 
 
 def _mpi_cuda_aware() -> bool:
-    """Whether the loaded MPI accepts device pointers (Open MPI's MPIX query).
-
-    AUTOTUNE_MPI_CUDA_AWARE=0/1 overrides the detection.
-    """
-    env = os.environ.get("AUTOTUNE_MPI_CUDA_AWARE")
-    if env is not None:
-        return env.strip() not in ("0", "false", "no", "")
+    """Whether the loaded MPI accepts device pointers (Open MPI's MPIX query)."""
     try:
         fn = ctypes.CDLL(None).MPIX_Query_cuda_support
     except (AttributeError, OSError):
@@ -356,20 +349,23 @@ class MPICommunicator(Communicator):
         comm: an ``mpi4py.MPI.Comm``; defaults to ``MPI.COMM_WORLD``.
         dup: duplicate ``comm`` (default); False only for a communicator
             the library made itself (``split``).
+        cuda_aware: whether MPI takes device buffers directly; None (default)
+            asks MPI (``MPIX_Query_cuda_support``), False stages them through
+            the host.
     """
 
     backend = "mpi"
     native = "mpi"  # MPI_Allreduce (NativeMPI)
     devices = ("cpu", "gpu")
 
-    def __init__(self, comm=None, *, dup: bool = True):
+    def __init__(self, comm=None, *, dup: bool = True, cuda_aware: bool | None = None):
         from mpi4py import MPI
 
         self._MPI = MPI
         comm = comm if comm is not None else MPI.COMM_WORLD
         self.comm = comm.Dup() if dup else comm
         super().__init__(self.comm.Get_rank(), self.comm.Get_size())
-        self.cuda_aware = _mpi_cuda_aware()
+        self.cuda_aware = _mpi_cuda_aware() if cuda_aware is None else bool(cuda_aware)
         self.staging = False
 
     # device buffers: direct (CUDA-aware) or staged through the host
@@ -495,7 +491,7 @@ class MPICommunicator(Communicator):
         self.comm.Barrier()
 
     def _split(self, color, key):
-        return MPICommunicator(self.comm.Split(color, key), dup=False)
+        return MPICommunicator(self.comm.Split(color, key), dup=False, cuda_aware=self.cuda_aware)
 
     def idle_barrier(self, poll_s: float = 1e-3) -> None:
         req = self.comm.Ibarrier()

@@ -66,6 +66,9 @@ def parser(description: str, *, epochs: int, batch_size: int, lr: float,
                    help="where the model trains (cuda: one GPU per rank, local rank modulo GPUs)")
     p.add_argument("--backend", choices=("mpi", "nccl"), default="mpi",
                    help="gradient transport: MPI (host or CUDA-aware) or NCCL (needs --device cuda)")
+    p.add_argument("--profile", metavar="FILE",
+                   help="machine profile that --algorithm auto decides from "
+                        "(autotune.init(profile=...); default: none, auto means dense)")
     p.add_argument("--out", help="write the curves as JSON here (rank 0)")
     p.add_argument("--quiet", action="store_true")
     return p
@@ -88,9 +91,10 @@ def setup(args) -> torch.device:
     if args.backend == "nccl":
         import collectives
 
-        comm = autotune.init(collectives.NCCLCommunicator(), options=options)
+        comm = autotune.init(collectives.NCCLCommunicator(), profile=args.profile,
+                             options=options)
     else:
-        comm = autotune.init(options=options)
+        comm = autotune.init(profile=args.profile, options=options)
     if args.device == "cpu":
         return torch.device("cpu")
     if not torch.cuda.is_available():

@@ -1,13 +1,14 @@
 """Helpers shared by the test modules (imported as ``support``; the conftest
 files of tests/ and tests/benchmarks/ are both named ``conftest``, so test
 modules must not import from ``conftest``)."""
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from autotune.launch import mpi_env, mpiexec_argv
+from autotune.launch import mpiexec_argv
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -17,7 +18,7 @@ def run_mpi(nprocs: int, module: str, *args: str, timeout: float = 600, env=None
     non-zero exit, showing the ranks' output."""
     argv = mpiexec_argv(nprocs, [sys.executable, "-m", module, *args])
     try:
-        p = subprocess.run(argv, cwd=ROOT, env=mpi_env(env), capture_output=True,
+        p = subprocess.run(argv, cwd=ROOT, env=None if env is None else {**os.environ, **env}, capture_output=True,
                            text=True, timeout=timeout)
     except subprocess.TimeoutExpired as e:
         pytest.fail(f"{module} at P={nprocs} hung past {timeout}s:\n{e.stdout}\n{e.stderr}")
@@ -25,6 +26,14 @@ def run_mpi(nprocs: int, module: str, *args: str, timeout: float = 600, env=None
         pytest.fail(f"{module} at P={nprocs} exited {p.returncode}:\n"
                     f"{p.stdout[-4000:]}\n{p.stderr[-6000:]}")
     return p.stdout
+
+
+def bench_tool(*args: str, timeout: float = 300) -> tuple[int, str]:
+    """Run ``python -m tests.benchmarks args`` (the regression-tracking tool):
+    (exit status, stdout + stderr)."""
+    p = subprocess.run([sys.executable, "-m", "tests.benchmarks", *args], cwd=ROOT,
+                       capture_output=True, text=True, timeout=timeout)
+    return p.returncode, p.stdout + p.stderr
 
 
 def _has_gpu() -> bool:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from autotune import cli, launch as launcher
-from autotune.launch import launch, mpi_env, mpiexec_argv, mpmd_argv
+from autotune.launch import launch, mpiexec_argv, mpmd_argv
 
 ROOT = Path(__file__).resolve().parent.parent
 PROFILES = ROOT / "profiles"
@@ -85,24 +85,20 @@ def test_launch_ends_the_job_when_one_rank_raises(tmp_path):
 
 
 def test_mpiexec_argv_and_env(monkeypatch):
-    monkeypatch.setattr(launcher, "cores", lambda: 2)
     exe = launcher.find_mpiexec()
-    assert mpiexec_argv(2, ["prog"]) == [exe, "-n", "2", "prog"]
-    assert mpiexec_argv(3, ["prog", "a"]) == [exe, "-n", "3", "--oversubscribe", "prog", "a"]
-    assert "--oversubscribe" in mpiexec_argv(1, ["prog"], oversubscribe=True)
+    monkeypatch.setattr(launcher.os, "geteuid", lambda: 1000)
+    assert mpiexec_argv(2, ["prog"]) == [exe, "--oversubscribe", "-n", "2", "prog"]
+    assert mpiexec_argv(3, ["prog", "a"], oversubscribe=False) == [exe, "-n", "3", "prog", "a"]
+    assert mpiexec_argv(2, ["prog"], env={"X_EXTRA": "1"}) == [
+        exe, "--oversubscribe", "-x", "X_EXTRA=1", "-n", "2", "prog"]
     assert mpmd_argv([(1, ["a", "1"]), (2, ["b"])]) == [
         exe, "--oversubscribe", "-n", "1", "a", "1", ":", "-n", "2", "b"]
     for bad in (0, -1, 1.5, True):
         with pytest.raises(ValueError, match="ranks"):
             mpiexec_argv(bad, ["prog"])
-    for k in ("OMPI_ALLOW_RUN_AS_ROOT", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"):
-        monkeypatch.delenv(k, raising=False)
-    monkeypatch.setattr(launcher.os, "geteuid", lambda: 0)
-    env = mpi_env({"X_EXTRA": "1"})
-    assert env["OMPI_ALLOW_RUN_AS_ROOT"] == env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] == "1"
-    assert env["X_EXTRA"] == "1"
-    monkeypatch.setattr(launcher.os, "geteuid", lambda: 1000)
-    assert "OMPI_ALLOW_RUN_AS_ROOT" not in mpi_env()
+    monkeypatch.setattr(launcher.os, "geteuid", lambda: 0)  # root: allowed by an option
+    assert mpiexec_argv(2, ["prog"])[:3] == [exe, "--allow-run-as-root", "--oversubscribe"]
+    assert mpmd_argv([(1, ["a"])])[:2] == [exe, "--allow-run-as-root"]
 
 
 def test_launch_splits_its_options_from_the_program():
@@ -348,7 +344,7 @@ BENCH = [sys.executable, "-m", "autotune.cli", "bench", "--algorithms", "mpi", "
 @pytest.mark.mpi
 def test_ranks_with_different_arguments_all_fail_alike():
     cmd = mpmd_argv([(1, BENCH + ["--log2n", "10:10"]), (1, BENCH + ["--log2n", "11:11"])])
-    p = subprocess.run(cmd, cwd=ROOT, env=mpi_env(), capture_output=True, text=True, timeout=60)
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert p.returncode == 2, (p.stdout, p.stderr)
     msg = ('autotune bench: error: every rank must be started with the same arguments, but rank 1 '
            'has --log2n "11:11" where rank 0 has "10:10"')
@@ -360,6 +356,6 @@ def test_ranks_with_different_arguments_all_fail_alike():
 def test_a_bad_value_on_one_rank_does_not_hang():
     cmd = mpmd_argv([(1, BENCH + ["--log2n", "10"]), (1, BENCH + ["--log2n", "10",
                                                                    "--density", "0"])])
-    p = subprocess.run(cmd, cwd=ROOT, env=mpi_env(), capture_output=True, text=True, timeout=60)
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and "argument --density: must be in (0, 1]" in p.stderr
     assert "Traceback" not in p.stderr

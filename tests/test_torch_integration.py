@@ -317,7 +317,7 @@ def test_examples_write_curves(tmp_path, example, integration):
     pytest.importorskip("sklearn")
     import json
 
-    from autotune.launch import mpi_env, mpiexec_argv
+    from autotune.launch import mpiexec_argv
 
     root = Path(__file__).resolve().parent.parent
     out = tmp_path / "curves.json"
@@ -327,7 +327,7 @@ def test_examples_write_curves(tmp_path, example, integration):
                             "--warmup-steps", "2", "--momentum-correction",
                             "--density-warmup", "2", "--fold-lr",
                             "--integration", integration, "--out", str(out)])
-    p = subprocess.run(argv, env=mpi_env(), capture_output=True, text=True, timeout=120)
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     d = json.loads(out.read_text())
     assert d["P"] == 2 and [r["algorithm"] for r in d["runs"]] == ["gtopk", "dense"]

@@ -72,6 +72,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -315,8 +316,6 @@ def pytest_argv(suite: Suite, nprocs: int, bench_args: list[str], extra: list[st
 
 def run_pytest(name: str, args, storage: Path, current: Path, bench: list[str], what: str,
                nodes: list[str] | None = None) -> int | None:
-    from autotune.launch import mpi_env
-
     suite = SUITES[name]
     env = {**suite.env, "AUTOTUNE_BENCH_MACHINE": args.machine}
     if args.rounds:
@@ -327,7 +326,7 @@ def run_pytest(name: str, args, storage: Path, current: Path, bench: list[str], 
                                         f"--benchmark-json={current}", *bench], args.pytest_args,
                        nodes)
     print(f"\n=== suite {name} ({what}): {shlex.join(argv)}", flush=True)
-    full_env = mpi_env(env)
+    full_env = {**os.environ, **env}
     for key in [k for k in full_env if k.startswith(("PYTEST_XDIST", "PYTEST_CURRENT"))]:
         del full_env[key]  # timed runs are never an xdist worker (pytest-benchmark disables itself)
     try:

@@ -55,26 +55,17 @@ takes 20-30 s on the 2-core machine.
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from autotune.launch import under_mpi
+from support import bench_tool as tool
 
-ROOT = Path(__file__).resolve().parents[2]
 KERNEL, ALGORITHM = "threshold_select", "gtopk"
 SELECT = f"{KERNEL} and not ef or {ALGORITHM}-"
 
 pytestmark = [pytest.mark.mpi,
               pytest.mark.skipif(under_mpi(), reason="launches its own mpiexec")]
-
-
-def tool(*args, timeout=300):
-    p = subprocess.run([sys.executable, "-m", "tests.benchmarks", *args], cwd=ROOT,
-                       capture_output=True, text=True, timeout=timeout)
-    return p.returncode, p.stdout + p.stderr
 
 
 def failures(out: str) -> list[str]:

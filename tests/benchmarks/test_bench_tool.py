@@ -30,6 +30,7 @@ from pathlib import Path
 import pytest
 
 from autotune.launch import under_mpi
+from support import bench_tool as tool
 
 ROOT = Path(__file__).resolve().parents[2]
 TIME_FIELDS = ("min", "max", "mean", "stddev", "median", "iqr", "q1", "q3", "ld15iqr",
@@ -37,12 +38,6 @@ TIME_FIELDS = ("min", "max", "mean", "stddev", "median", "iqr", "q1", "q3", "ld1
 
 pytestmark = [pytest.mark.mpi,
               pytest.mark.skipif(under_mpi(), reason="launches its own mpiexec")]
-
-
-def tool(*args, timeout=300):
-    p = subprocess.run([sys.executable, "-m", "tests.benchmarks", *args], cwd=ROOT,
-                       capture_output=True, text=True, timeout=timeout)
-    return p.returncode, p.stdout + p.stderr
 
 
 def this_hardware() -> str:

@@ -13,7 +13,6 @@ algorithm (the library talks on its own duplicate, so neither matches it).
     mpiexec -n 3 python -m tests.mpi.one_rank_checks [--seed S]
 """
 import faulthandler
-import os
 import sys
 import tempfile
 from pathlib import Path
@@ -22,7 +21,6 @@ import numpy as np
 from mpi4py import MPI
 
 import autotune
-from autotune.profile import ProfileError
 from collectives import ALGORITHMS
 from tests.mpi import abort_job
 
@@ -141,20 +139,6 @@ def cases(rng, tmp: Path):
         lambda: autotune.init(profile=_bad(OTHER, GOOD)), match="differs")
     yield "profile not on rank 0", lambda: raises_everywhere(
         lambda: autotune.init(profile=_bad(None, GOOD, rank=0)), match="rank 0")
-
-    def env_differs():
-        os.environ["AUTOTUNE_PROFILE"] = GOOD if R == 0 else missing
-        try:
-            raises_everywhere(autotune.init)
-        finally:
-            del os.environ["AUTOTUNE_PROFILE"]
-        if R == BAD:
-            os.environ["AUTOTUNE_SOMETHING"] = "1"
-        try:
-            return raises_everywhere(autotune.init, match="environment")
-        finally:
-            os.environ.pop("AUTOTUNE_SOMETHING", None)
-    yield "environment", env_differs
 
     def profile_on_rank0_only():
         # allowed: rank 0 decides; every rank runs its choice
