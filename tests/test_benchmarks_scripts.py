@@ -1,0 +1,40 @@
+"""Scripts in benchmarks/ that have no test module of their own (in process, no MPI:
+launching ranks costs more than these checks are worth)."""
+import pytest
+
+
+def test_train_step_table_and_issue_checks():
+    """benchmarks/train_step.py: the markdown table and issue #25's checks from results."""
+    pytest.importorskip("torch")
+    from benchmarks import train_step
+
+    def result(network, ms, picks=()):
+        variants = {v: {"median_ms": t, "vs_ddp": t / ms["ddp"], "identical": v != "at:gtopk"}
+                    for v, t in ms.items()}
+        variants["at:auto"]["auto_decisions"] = {f"b{i}": {"algorithm": a}
+                                                 for i, a in enumerate(picks)}
+        return {"network": network, "P": 2, "params": 216_855_808, "profile": "p.json",
+                "machine": {"device": "NVIDIA H200"}, "variants": variants,
+                "config": {"layers": 12, "d_model": 1024, "vocab": 32000, "batch": 16,
+                           "seq": 128, "amp": False, "density": 0.01, "steps": 30, "rounds": 2}}
+
+    sockets = result("sockets", {"compute": 58, "ddp": 300, "powersgd1": 85, "at:nccl": 320,
+                                 "at:topka": 70, "at:gtopk": 90, "at:auto": 72},
+                     picks=["topka"] * 3)
+    nvlink = result("nvlink", {"compute": 58, "ddp": 63, "at:nccl": 64, "at:topka": 80,
+                               "at:gtopk": 90, "at:auto": 70}, picks=["nccl", "nccl"])
+    text = train_step.table([sockets, nvlink])
+    lines = text.splitlines()
+    assert lines[2] == "| variant | nvlink P=2 | sockets P=2 |"   # NVLink first
+    assert "| ddp | 63.0 ms (1.00x) | 300.0 ms (1.00x) |" in lines
+    assert "| powersgd1 | - | 85.0 ms (0.28x) |" in lines
+    assert "- nvlink P=2: at:auto picked nccl x2 (profile p.json)" in lines
+    assert "- sockets P=2: replicas NOT bitwise identical after at:gtopk" in lines
+    checks = [ln for ln in lines if "PASS" in ln or "FAIL" in ln]
+    assert checks == [
+        "- nvlink P=2: PASS at:nccl 1.016x ddp (<= 1.05)",
+        "- nvlink P=2: FAIL at:auto 1.111x ddp (<= 1.05)",
+        "- nvlink P=2: FAIL at:auto 1.094x the best hook at:nccl (<= 1.05)",
+        "- sockets P=2: PASS best sparse hook at:topka 1.21x compute (<= 1.3)",
+        "- sockets P=2: PASS at:topka 70.0 ms faster than powersgd1 85.0 ms",
+        "- sockets P=2: PASS at:auto 1.029x the best hook at:topka (<= 1.05)"]
