@@ -126,13 +126,18 @@ def _row(comm, n, name, density, times, timed) -> dict:
     }
 
 
+def _size(n: int) -> str:
+    """2^e for a power of two, else the number."""
+    return f"2^{n.bit_length() - 1}" if n & (n - 1) == 0 else str(n)
+
+
 def format_table(rows) -> str:
     lines = ["| P | n | algorithm | median ms | speedup vs baseline | MB sent/rank | select ms | comm ms | reduce ms |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         s = r["split_s"]
         lines.append(
-            f"| {r['P']} | 2^{int(np.log2(r['n']))} | {r['algorithm']} | {1e3 * r['median_s']:.2f} | "
+            f"| {r['P']} | {_size(r['n'])} | {r['algorithm']} | {1e3 * r['median_s']:.2f} | "
             f"{r.get('speedup_vs_baseline', float('nan')):.2f}x | {r['bytes_sent_max'] / 1e6:.2f} | "
             f"{1e3 * s.get('select', 0):.2f} | {1e3 * s.get('comm', 0):.2f} | {1e3 * s.get('reduce', 0):.2f} |")
     return "\n".join(lines)
@@ -150,12 +155,15 @@ def main(args) -> int:
         if comm.rank == 0:
             print(f"unknown algorithm(s) {unknown}; registered: {sorted(ALGORITHMS)}", file=sys.stderr)
         return 2
-    lo, hi = (int(v) for v in args.log2n.split(":"))
-    sizes = [1 << e for e in range(lo, hi + 1)]
+    if getattr(args, "sizes", None):
+        sizes = [int(v) for v in args.sizes.split(",")]
+    else:
+        lo, hi = (int(v) for v in args.log2n.split(":"))
+        sizes = [1 << e for e in range(lo, hi + 1)]
 
     def progress(r):
         if comm.rank == 0:
-            print(f"  P={r['P']} n=2^{int(np.log2(r['n']))} {r['algorithm']:10s} "
+            print(f"  P={r['P']} n={_size(r['n'])} {r['algorithm']:10s} "
                   f"{1e3 * r['median_s']:9.2f} ms  sent {r['bytes_sent_max'] / 1e6:8.2f} MB",
                   flush=True)
 
@@ -182,7 +190,7 @@ def _meta(comm, args, device: str) -> dict:
         "host_cores": os.cpu_count(), "machine": platform.machine(), "P": comm.size,
         "autotune": autotune.__version__, "numpy": np.__version__, "device": device,
         "order": resolve_order(args.order, device),
-        "options": {k: getattr(args, k) for k in
-                    ("log2n", "density", "algorithms", "repeat", "warmup", "backend", "order",
+        "options": {k: getattr(args, k, None) for k in
+                    ("log2n", "sizes", "density", "algorithms", "repeat", "warmup", "backend", "order",
                      "gap_ms")},
     }

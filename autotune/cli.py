@@ -77,6 +77,18 @@ def _log2_range(s: str) -> str:
     return f"{lo}:{hi}"
 
 
+def _sizes(s: str) -> str:
+    """'N,N,...': positive sizes up to 2^LOG2N_MAX; returned normalised 'N,N,...'."""
+    try:
+        vals = [int(v) for v in s.split(",") if v.strip()]
+    except ValueError:
+        vals = []
+    if not vals or min(vals) < 1 or max(vals) > 1 << LOG2N_MAX:
+        raise argparse.ArgumentTypeError(f"expected sizes N,N,... in 1..2^{LOG2N_MAX}, "
+                                         f"got {s!r}")
+    return ",".join(str(v) for v in vals)
+
+
 MIN_SWEEP_BYTES = 4 << 10  # below this the alpha/beta sweep has too few sizes to fit
 
 
@@ -144,6 +156,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--log2n", type=_log2_range, default="16:24", metavar="LO:HI",
                    help="tensor sizes n = 2^LO ... 2^HI float32 values per rank (one exponent: "
                         "one size; default %(default)s)")
+    b.add_argument("--sizes", type=_sizes, metavar="N,N,...",
+                   help="explicit tensor sizes (float32 values per rank) instead of --log2n, "
+                        "e.g. 3001,250007: sizes no profile sampled")
     b.add_argument("--density", type=_fraction, default=0.01,
                    help="share of the values the sparse algorithms send, in (0, 1] "
                         "(default %(default)s)")

@@ -31,19 +31,35 @@ smallest sizes the profile ran, where the data terms vanish; on a GPU it
 dominates the sparse algorithms at small and medium n (docs/BENCHMARKS.md,
 "Fixed cost per call").  Because it is
 part of the model, it carries over to sizes and process counts beyond the
-profile's runs, where the learned correction fades out.  The terms are
-deliberately simple; the learned selector corrects them with measurements.
+profile's runs, where the learned correction fades out.
+
+How the terms grow with P is fitted too (:func:`fit_terms`), from the runs
+a profile takes at several P (sub-communicators of the ranks it was launched
+with: 2, 4, ... up to its P).  An algorithm's cost splits into its latency
+(alpha), bandwidth (beta) and compute parts (:func:`components`); the time
+is ``w_lat lat + w_bw bw + w_cmp cmp + o0 + o1 (P-1)`` with non-negative
+weights per algorithm, pulled toward 1 (Table 1 as it stands) where the runs
+say little.  Where ranks share one host, the bandwidth part follows one of two
+laws, whichever predicts the profile's held-out process counts better
+(:data:`LAWS`): ``cores`` (copies made by the cores the ranks share: the
+contention factor above) or ``link`` (one shared link: beta x the bytes all
+ranks put on it, :func:`autotune.profile.concurrency`).  :func:`cross_validate`
+gives each algorithm's held-out error: in range (one size left out) and per
+octave of P beyond the runs (one process count left out), the selector's
+error bars.
 """
 from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 
+import math
+
 import numpy as np
 
 from collectives import ALGORITHMS
 
-from .profile import Linear, Link, Profile, model_time
+from .profile import Linear, Link, Profile, concurrency, model_time
 
 # Every sparse algorithm also streams the dense vector: the error-feedback sum
 # acc = residual + x (2 reads, 1 write) and the dense output it returns (1 write).
@@ -69,6 +85,9 @@ class Machine:
     overhead: dict = field(default_factory=dict)  # algorithm -> (o0, o1), see fit_overheads
     # ranks sharing one host's cores (single-host CPU profiles): (cores, profile's P)
     contention: tuple[int, int] | None = None
+    law: str = "cores"  # how a shared host's bandwidth term grows with P (LAWS)
+    ranks: int | None = None  # the P this machine is priced at (Machine.at), on a shared host
+    weights: dict = field(default_factory=dict)  # algorithm -> (w_lat, w_bw, w_cmp), fit_terms
     _at: dict = field(default_factory=dict, compare=False, repr=False)
 
     def at(self, P: int) -> "Machine":
@@ -83,18 +102,22 @@ class Machine:
             f = max(1.0, P / cores)
             g = f / max(1.0, P0 / cores)
 
-            def link(lk: Link) -> Link:
-                return Link(lk.alpha * g, lk.beta * g,
-                            tuple((s, a * g, b * g) for s, a, b in lk.segments))
+            def link(lk: Link, name: str) -> Link:
+                h = g if self.law == "cores" else (max(concurrency(name, P), 1.0)
+                                                   / max(concurrency(name, P0), 1.0))
+                return Link(lk.alpha * g, lk.beta * h,
+                            tuple((s, a * g, b * h) for s, a, b in lk.segments))
 
             def lin(c: Linear | None) -> Linear | None:
                 return None if c is None else Linear(c.c0 * f, c.c1 * f)
 
             self._at[P] = replace(
-                self, p2p=link(self.p2p), allgather=link(self.allgather),
-                alltoall=link(self.alltoall), allreduce=link(self.allreduce),
-                bcast=link(self.bcast), topk=lin(self.topk), threshold=lin(self.threshold),
-                reduce=lin(self.reduce), stream=lin(self.stream), contention=None, _at={})
+                self, p2p=link(self.p2p, "p2p"), allgather=link(self.allgather, "allgather"),
+                alltoall=link(self.alltoall, "alltoallv"),
+                allreduce=link(self.allreduce, "allreduce"),
+                bcast=link(self.bcast, "bcast"), topk=lin(self.topk), threshold=lin(self.threshold),
+                reduce=lin(self.reduce), stream=lin(self.stream), contention=None, _at={},
+                ranks=P)
         return self._at[P]
 
     @classmethod
@@ -142,12 +165,39 @@ class Machine:
             contention=((int(cores), prof.P) if single_cpu_host and cores else None),
         )
         runs = prof.runs
-        return replace(bare, overhead=fit_overheads(bare, runs), _at={}) if runs else bare
+        return fit_terms(bare, runs) if runs else bare
+
+    def part(self, which: str) -> "Machine":
+        """This machine with only one kind of term priced (``latency``: the alphas,
+        ``bandwidth``: the betas, ``compute``: the local kernels; the rest cost 0):
+        an algorithm's ``cost`` on it is that part of its time (:func:`components`)."""
+        key = ("part", which)
+        if key not in self._at:
+            lat, bw, cmp = (which == w for w in PARTS)
+
+            def link(lk: Link) -> Link:
+                return Link(lk.alpha * lat, lk.beta * bw,
+                            tuple((s, a * lat, b * bw) for s, a, b in lk.segments))
+
+            def lin(c: Linear | None) -> Linear | None:
+                return None if c is None else Linear(c.c0 * cmp, c.c1 * cmp)
+
+            self._at[key] = replace(
+                self, p2p=link(self.p2p), allgather=link(self.allgather),
+                alltoall=link(self.alltoall), allreduce=link(self.allreduce),
+                bcast=link(self.bcast), topk=lin(self.topk), threshold=lin(self.threshold),
+                reduce=lin(self.reduce), stream=lin(self.stream), contention=None, _at={})
+        return self._at[key]
 
     # primitive times (each with the regime covering its message size), in the
     # shapes of autotune.profile's one table ----------------------------------------
-    def t_p2p(self, m: float) -> float:
-        return model_time("p2p", *self.p2p.at(m), m, 2)
+    def t_p2p(self, m: float, active: int | None = None) -> float:
+        """With the ``link`` law, beta (fitted with every rank sending at once) is
+        scaled to the ``active`` senders' share of the link."""
+        a, b = self.p2p.at(m)
+        if active is not None and self.law == "link" and self.ranks:
+            b *= active / max(concurrency("p2p", self.ranks), 1.0)
+        return model_time("p2p", a, b, m, 2)
 
     def t_allgather(self, m: float, P: int) -> float:
         return model_time("allgather", *self.allgather.at(m), m, P)
@@ -177,49 +227,137 @@ def _k(n: int, density: float) -> int:
     return min(n, max(1, int(round(density * n))))
 
 
-# Sizes within this factor of an algorithm's smallest run (per P) estimate its overhead.
-_OVERHEAD_SPAN = 4
+def _cls(algorithm: str):
+    try:
+        return ALGORITHMS[algorithm]
+    except KeyError:
+        raise ValueError(f"no cost model for algorithm {algorithm!r}; known: "
+                         f"{sorted(ALGORITHMS)}") from None
 
 
 def _terms(machine: Machine, algorithm: str, n: int, P: int, density: float,
            tau_prime: int = 32, tau: int = 64) -> float:
-    """The registered algorithm's own ``cost`` terms, priced on ``machine`` at P."""
-    try:
-        cls = ALGORITHMS[algorithm]
-    except KeyError:
-        raise ValueError(f"no cost model for algorithm {algorithm!r}; known: "
-                         f"{sorted(ALGORITHMS)}") from None
+    """The registered algorithm's own ``cost`` terms, priced on ``machine`` at P
+    (Table 1 as it stands: no fitted weights)."""
     n, P = int(n), int(P)
-    return float(cls.cost(machine.at(P), n, P, _k(n, float(density)), tau_prime=tau_prime,
-                          tau=tau))
+    return float(_cls(algorithm).cost(machine.at(P), n, P, _k(n, float(density)),
+                                      tau_prime=tau_prime, tau=tau))
 
 
-def fit_overheads(machine: Machine, runs) -> dict[str, tuple[float, float]]:
-    """Each algorithm's fixed cost per call, ``o0 + o1 (P-1)`` seconds, from measured runs.
+# The parts of an algorithm's cost the fit weighs separately (Machine.part).
+PARTS = ("latency", "bandwidth", "compute")
+# How a single host's bandwidth term grows with P (Machine.at): the cores' copies, or one link.
+LAWS = ("cores", "link")
+# Pull of each weight toward 1, against runs weighted by their relative error: where the
+# runs cannot tell a part's weight (a part too small to show), Table 1 stands.
+_PRIOR = 0.3
 
-    For every (algorithm, P) the runs at the smallest sizes (within a factor
-    ``_OVERHEAD_SPAN`` of the smallest n run there) give the median of
-    measured minus modelled time; ``(o0, o1)`` is the non-negative least-squares
-    line through those medians over P - 1 (o1 = 0 with a single P).  Runs are
-    profile ``runs`` records (algorithm, n, P, density, median_s).
-    """
-    from scipy.optimize import nnls
 
+def components(machine: Machine, algorithm: str, n: int, P: int, density: float = 0.01,
+               tau_prime: int = 32, tau: int = 64) -> np.ndarray:
+    """Seconds of the algorithm's latency, bandwidth and compute parts at (n, P)
+    (``PARTS``; they sum to its Table 1 terms)."""
+    n, P = int(n), int(P)
+    cls, M, k = _cls(algorithm), machine.at(P), _k(n, float(density))
+    return np.array([float(cls.cost(M.part(w), n, P, k, tau_prime=tau_prime, tau=tau))
+                     for w in PARTS])
+
+
+def _design(machine: Machine, runs) -> dict:
+    """{algorithm: (X, t, P, n)}: per run its parts, 1 and P-1 (the fixed cost's
+    columns), the measured median, the run's P and n."""
     by = defaultdict(list)
     for r in runs:
         if r["algorithm"] in ALGORITHMS and r.get("median_s", 0) > 0 and int(r["P"]) > 1:
-            by[r["algorithm"], int(r["P"])].append(r)
-    points = defaultdict(list)  # algorithm -> [(P - 1, median residual)]
-    for (algo, P), rs in sorted(by.items()):
-        n0 = min(int(r["n"]) for r in rs)
-        res = [float(r["median_s"]) - _terms(machine, algo, int(r["n"]), P, r["density"] or 0.01)
-               for r in rs if int(r["n"]) <= _OVERHEAD_SPAN * n0]
-        points[algo].append((P - 1, float(np.median(res))))
+            by[r["algorithm"]].append(r)
     out = {}
-    for algo, pts in points.items():
-        A = np.array([[1.0, q] for q, _ in pts]) if len(pts) > 1 else np.array([[1.0]])
-        coef, _ = nnls(A, np.array([o for _, o in pts]))
-        out[algo] = (float(coef[0]), float(coef[1]) if len(coef) > 1 else 0.0)
+    for algo, rs in sorted(by.items()):
+        X = np.array([[*components(machine, algo, r["n"], r["P"], r["density"] or 0.01),
+                       1.0, int(r["P"]) - 1.0] for r in rs])
+        out[algo] = (X, np.array([float(r["median_s"]) for r in rs]),
+                     np.array([int(r["P"]) for r in rs]), np.array([int(r["n"]) for r in rs]))
+    return out
+
+
+def _fit(X: np.ndarray, t: np.ndarray, Ps) -> np.ndarray:
+    """Non-negative (w_lat, w_bw, w_cmp, o0, o1) minimising the runs' relative
+    errors plus ``_PRIOR`` (w - 1) per weight; o1 = 0 with runs at one P only."""
+    from sklearn.linear_model import LinearRegression
+
+    cols = 5 if len(set(Ps)) > 1 else 4
+    A = np.vstack([X[:, :cols] / t[:, None], _PRIOR * np.eye(3, cols)])
+    y = np.concatenate([np.ones(len(t)), np.full(3, _PRIOR)])
+    coef = LinearRegression(positive=True, fit_intercept=False).fit(A, y).coef_
+    return np.concatenate([coef, np.zeros(5 - cols)])
+
+
+def _log_err(coef, X, t) -> np.ndarray:
+    return np.abs(np.log(np.maximum(X @ coef, 1e-12) / t))
+
+
+def _fold_errors(X, t, Ps, ns) -> tuple[list, list]:
+    """Held-out |log(predicted / measured)|: each size left out in turn (in range),
+    and each P left out in turn, with its octaves from the nearest P kept."""
+    inside, out = [], []
+    for n in sorted(set(ns)):
+        keep = ns != n
+        if keep.sum() >= 2:
+            inside += list(_log_err(_fit(X[keep], t[keep], Ps[keep]), X[~keep], t[~keep]))
+    for P in sorted(set(Ps)):
+        keep = Ps != P
+        if keep.any():
+            dist = float(np.min(np.abs(np.log2(Ps[keep]) - np.log2(P))))
+            out += [(e, dist) for e in _log_err(_fit(X[keep], t[keep], Ps[keep]), X[~keep],
+                                                t[~keep])]
+    return inside, out
+
+
+def _per_octave(inside, out) -> float:
+    """The held-out error's growth per octave of P: the median of (error with a P
+    left out - the in-range error) / its octaves (nan without such folds)."""
+    if not out:
+        return math.nan
+    base = float(np.median(inside)) if inside else 0.0
+    return float(np.median([max(e - base, 0.0) / max(d, 1e-9) for e, d in out]))
+
+
+def fit_terms(machine: Machine, runs) -> Machine:
+    """``machine`` with each algorithm's weights and fixed cost fitted from the
+    profile's runs (module docstring), and, on a single host with runs at several
+    P, the bandwidth law (``LAWS``) that predicts a left-out P best."""
+    machine = replace(machine, _at={})
+    if machine.contention is not None and len({int(r["P"]) for r in runs}) > 1:
+        # the law is judged on the runs whose bandwidth part is at least half the
+        # modelled time: elsewhere it changes little (small messages, or within a
+        # token bucket's burst, pass at the speed of the loopback)
+        heavy = [r for r in runs if r["algorithm"] in ALGORITHMS and int(r["P"]) > 1
+                 and (lambda c: c[1] >= 0.5 * c.sum())(
+                     components(machine, r["algorithm"], r["n"], r["P"], r["density"] or 0.01))]
+        if len({int(r["P"]) for r in heavy}) > 1:
+            def score(law):
+                m = replace(machine, law=law, _at={})
+                errs = [e for X, t, Ps, ns in _design(m, heavy).values()
+                        for e, _ in _fold_errors(X, t, Ps, ns)[1]]
+                return float(np.median(errs)) if errs else math.inf
+            machine = replace(machine, law=min(LAWS, key=lambda law: (score(law), law)), _at={})
+    weights, over = {}, {}
+    for algo, (X, t, Ps, ns) in _design(machine, runs).items():
+        c = _fit(X, t, Ps)
+        weights[algo] = tuple(float(v) for v in c[:3])
+        over[algo] = (float(c[3]), float(c[4]))
+    return replace(machine, weights=weights, overhead=over, _at={})
+
+
+def heldout_errors(machine: Machine, runs) -> dict[str, tuple[float, float, int]]:
+    """Each algorithm's held-out error from the profile's runs: (in range: the
+    median |log(predicted / measured)| with one size left out; per octave of P:
+    how much more it is with one P left out, per octave from the nearest P kept
+    (nan with runs at one P); runs).  exp(e) - 1 is the relative error."""
+    out = {}
+    for algo, (X, t, Ps, ns) in _design(machine, runs).items():
+        inside, beyond = _fold_errors(X, t, Ps, ns)
+        out[algo] = (float(np.median(inside)) if inside else math.nan,
+                     _per_octave(inside, beyond), len(t))
     return out
 
 
@@ -231,7 +369,12 @@ def overhead(machine: Machine, algorithm: str, P: int) -> float:
 
 def predict(machine: Machine, algorithm: str, n: int, P: int, density: float = 0.01,
             tau_prime: int = 32, tau: int = 64) -> float:
-    """Predicted seconds per call of ``algorithm`` on ``machine``: Table 1's terms
-    plus local compute, plus the implementation's fixed cost per call."""
-    return (_terms(machine, algorithm, n, P, density, tau_prime, tau)
-            + (overhead(machine, algorithm, P) if P > 1 else 0.0))
+    """Predicted seconds per call of ``algorithm`` on ``machine``: Table 1's
+    latency, bandwidth and compute parts with their fitted weights, plus the
+    implementation's fixed cost per call."""
+    if P <= 1:
+        return _terms(machine, algorithm, n, P, density, tau_prime, tau)
+    w = machine.weights.get(algorithm)
+    t = (_terms(machine, algorithm, n, P, density, tau_prime, tau) if w is None else
+         float(np.dot(w, components(machine, algorithm, n, P, density, tau_prime, tau))))
+    return t + overhead(machine, algorithm, P)

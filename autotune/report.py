@@ -195,6 +195,29 @@ def fastest_lines(prof: Profile) -> list[str]:
     return lines
 
 
+def model_error_lines(prof: Profile) -> list[str]:
+    """The cost model's held-out error per algorithm (``costmodel.heldout_errors``):
+    one size left out (in range), one process count left out (per octave of P)."""
+    from . import costmodel
+
+    if not prof.runs:
+        return ["cost model held-out error: no runs to cross-validate (the model is unchecked)"]
+    machine = costmodel.Machine.from_profile(prof)
+    errs = costmodel.heldout_errors(machine, prof.runs)
+    Ps = sorted({int(r["P"]) for r in prof.runs})
+    lines = [f"cost model held-out error (median |predicted/measured - 1|; runs at P = "
+             f"{', '.join(map(str, Ps))}; shared-host bandwidth law: {machine.law}):",
+             f"  {'algorithm':10s} {'one size out':>12s} {'one P out, per octave':>22s} "
+             f"{'runs':>5s}  weights lat/bw/cmp, fixed cost ms o0 + o1 (P-1)"]
+    pct = lambda e: f"{100 * np.expm1(e):.0f}%" if np.isfinite(e) else "-"  # noqa: E731
+    for a, (inside, octave, k) in sorted(errs.items()):
+        w = machine.weights.get(a, (1.0, 1.0, 1.0))
+        o0, o1 = machine.overhead.get(a, (0.0, 0.0))
+        lines.append(f"  {a:10s} {pct(inside):>12s} {pct(octave):>22s} {k:5d}  "
+                     f"{w[0]:.2f}/{w[1]:.2f}/{w[2]:.2f}, {1e3 * o0:.3f} + {1e3 * o1:.3f} (P-1)")
+    return lines
+
+
 def fingerprint_lines(prof: Profile) -> list[str]:
     fp = prof.fingerprint
     hosts = fp["hosts"]
@@ -235,7 +258,7 @@ def show_text(prof: Profile) -> str:
     if prof.notes:
         lines.append(f"  notes: {prof.notes}")
     lines += [""] + primitive_lines(prof) + [""] + compute_lines(prof) + [""] + xi_lines(prof)
-    lines += [""] + fastest_lines(prof)
+    lines += [""] + fastest_lines(prof) + [""] + model_error_lines(prof)
     skipped = defaultdict(list)
     for s in prof.skipped:
         skipped[s["algorithm"]].append(s)

@@ -7,6 +7,15 @@ log(measured / predicted) per algorithm, so the prediction extrapolates in n
 and P through the model's terms rather than through the trees.  Outside the
 range of the training data the correction fades out (the decision says so)
 and the cost model decides.  Same profile in, same decisions out.
+
+Every prediction carries an error estimate from cross-validation on the
+profile's runs (``costmodel.heldout_errors``): each algorithm's held-out error
+in range, grown with the distance beyond its runs (per octave of P from the
+process counts left out, per four octaves of n from the sizes left out).
+Far outside the runs of the predicted-fastest algorithm (more than
+``FAR_OCTAVES`` of n or P beyond them) the selector takes the robust choice: exact dense unless another algorithm clearly wins (its
+upper error bound, predicted x exp(error), below dense's lower one);
+``Decision.explain`` shows the errors and bounds and says so.
 """
 from __future__ import annotations
 
@@ -37,14 +46,28 @@ class Decision:
     in_domain: bool
     note: str = ""
     candidates: list[str] = field(default_factory=list)
+    error: dict[str, float] = field(default_factory=dict)  # log-space error per prediction
+    robust: bool = False  # chosen by the upper end of the error band, not the prediction
+
+    def upper_s(self, algo: str) -> float:
+        """The upper end of the prediction's error band (the prediction without one)."""
+        return self.predicted_s[algo] * math.exp(self.error.get(algo, 0.0))
 
     def explain(self) -> str:
         lines = [f"n={self.n} P={self.P} density={self.density:g}"
                  + ("" if self.in_domain else "  (outside the measured range: cost model leads)"),
-                 f"{'algorithm':12s} {'cost model':>12s} {'learned':>12s}"]
+                 f"{'algorithm':12s} {'cost model':>12s} {'learned':>12s} {'error':>7s}"
+                 f" {'upper':>12s}"]
         for a in sorted(self.predicted_s, key=self.predicted_s.get):
             mark = "  <- chosen" if a == self.algorithm else ""
-            lines.append(f"{a:12s} {1e3 * self.model_s[a]:10.3f}ms {1e3 * self.predicted_s[a]:10.3f}ms{mark}")
+            err = (f"{100 * math.expm1(self.error[a]):6.0f}%" if a in self.error else
+                   f"{'-':>7s}")
+            lines.append(f"{a:12s} {1e3 * self.model_s[a]:10.3f}ms {1e3 * self.predicted_s[a]:10.3f}ms"
+                         f" {err} {1e3 * self.upper_s(a):10.3f}ms{mark}")
+        if self.robust:
+            fastest = min(self.predicted_s, key=lambda a: (self.predicted_s[a], a))
+            lines.append(f"robust choice: far beyond the runs of {fastest} (predicted fastest), "
+                         f"exact dense unless another's upper bound is below its lower one")
         if self.note:
             lines.append(self.note)
         return "\n".join(lines)
@@ -69,6 +92,14 @@ def default_algorithms(profile) -> list[str]:
     return sorted(a for a, cls in ALGORITHMS.items() if backend is None or backend in cls.backends)
 
 
+# Far outside the runs of the predicted-fastest algorithm (Selector._robust_choice): "exact"
+# (the default), "upper" (the lowest upper end of the error band) or "none" (the prediction).
+ROBUST = ("exact", "upper", "none")
+# "Far": more octaves of n or P beyond its runs than the held-out folds reach (a P left out
+# of runs at 2, 3, 4 lies at most one octave from the others); within them the errors hold.
+FAR_OCTAVES = 1.0
+
+
 class Selector:
     """Choose an algorithm per (n, P, density) from a profile.
 
@@ -79,10 +110,15 @@ class Selector:
             those without runs in the profile are priced by the cost model).
         learn: train the correction (False: bare cost model, for comparison).
         runs: override the training runs (e.g. to hold some out).
+        robust: the choice outside the runs of the predicted-fastest algorithm
+            (``ROBUST``; see ``_robust_choice``).
     """
 
     def __init__(self, profile: dict, *, algorithms=None, learn: bool = True, runs=None,
-                 random_state: int = 0):
+                 random_state: int = 0, robust: str = "exact"):
+        if robust not in ROBUST:
+            raise ValueError(f"robust must be one of {ROBUST}, got {robust!r}")
+        self.robust = robust
         profile = Profile.of(profile)
         self.machine = costmodel.Machine.from_profile(profile)
         runs = list(profile.runs if runs is None else runs)
@@ -91,6 +127,13 @@ class Selector:
         self.domain = None  # (low, high) of (log2 n, log2 P, log10 density) over all runs
         self.domains: dict = {}  # the same per algorithm
         runs = [r for r in runs if r["algorithm"] in self.algorithms and r.get("median_s", 0) > 0]
+        # per algorithm: held-out errors (costmodel.heldout_errors) and the runs' log2 n, log2 P range
+        self.errors = costmodel.heldout_errors(self.machine, runs) if runs else {}
+        self.ranges = {}
+        for a in {r["algorithm"] for r in runs}:
+            q = np.array([[math.log2(r["n"]), math.log2(r["P"])] for r in runs
+                          if r["algorithm"] == a])
+            self.ranges[a] = (q.min(axis=0), q.max(axis=0))
         if learn and len(runs) >= 8:
             from sklearn.ensemble import GradientBoostingRegressor
 
@@ -131,15 +174,57 @@ class Selector:
         fade = math.exp(-self._outside(n, P, _dens(algo, density), algo))
         return m * math.exp(corr * fade), m
 
+    def _beyond(self, algo: str, n: int, P: int) -> tuple[float, float]:
+        """Octaves of n and of P beyond the algorithm's runs (inf without runs)."""
+        if algo not in self.ranges:
+            return math.inf, math.inf
+        lo, hi = self.ranges[algo]
+        q = np.array([math.log2(max(n, 1)), math.log2(max(P, 1))])
+        d = np.maximum(lo - q, 0) + np.maximum(q - hi, 0)
+        return float(d[0]), float(d[1])
+
+    def error(self, algo: str, n: int, P: int) -> float | None:
+        """The prediction's expected |log(predicted / measured)|: the held-out error
+        in range, plus its growth per octave of P beyond the runs (the one-P-out
+        error) and per four octaves of n (the one-size-out error, whose end sizes
+        lie about that far out); None without runs of the algorithm."""
+        e = self.errors.get(algo)
+        if e is None or not math.isfinite(e[0]):
+            return None
+        inside, octave = e[0], (e[1] if math.isfinite(e[1]) else e[0])
+        dn, dP = self._beyond(algo, n, P)
+        return inside * (1 + dn / 4) + octave * dP
+
+    def _robust_choice(self, cands, pred, err) -> str:
+        """Outside the runs: ``upper``, the lowest upper end of the error band; ``exact``,
+        exact ``dense`` (Rabenseifner: Table 1's own terms, no vendor switch points; else
+        the fastest exact algorithm) unless another algorithm's upper end lies below its
+        lower end (clearly wins), the lowest upper end of those that do."""
+        upper = {a: pred[a] * math.exp(err[a]) for a in cands}
+        exact = [a for a in cands if not _lossy(a)]
+        if self.robust == "upper" or not exact:
+            return min(cands, key=lambda a: (upper[a], a))
+        ref = "dense" if "dense" in exact else min(exact, key=lambda a: (pred[a], a))
+        wins = [a for a in cands if upper[a] < pred[ref] * math.exp(-err[ref])]
+        return min(wins, key=lambda a: (upper[a], a)) if wins else ref
+
     def choose(self, n: int, P: int, density: float = 0.01, *, lossy_ok: bool = True,
                candidates=None) -> Decision:
         cands = [a for a in (candidates or self.algorithms) if lossy_ok or not _lossy(a)]
         if not cands:
             raise ValueError("no candidate algorithm left to choose from")
-        pred, model = {}, {}
+        pred, model, err = {}, {}, {}
         for a in cands:
             pred[a], model[a] = self.predict(a, n, P, density)
+            e = self.error(a, n, P)
+            if e is not None:
+                err[a] = e
         best = min(cands, key=lambda a: (pred[a], a))
+        robust = (self.robust != "none" and len(err) == len(cands)
+                  and max(self._beyond(best, n, P)) > FAR_OCTAVES)
+        if robust:
+            best = self._robust_choice(cands, pred, err)
         outside = self._outside(n, P, _dens(best, density), best)
         note = "" if self.model is not None else "no learned correction: bare cost model"
-        return Decision(best, n, P, density, pred, model, outside == 0.0, note, cands)
+        return Decision(best, n, P, density, pred, model, outside == 0.0, note, cands, err,
+                        robust)

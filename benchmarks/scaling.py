@@ -10,42 +10,35 @@ Subcommands (outside MPI; ``measure`` launches the ranks itself):
     python -m benchmarks.scaling measure --network slow --setup-netns scalenet \\
         --log2n 18,20 --repeat 3 --warmup 1 --profile-np 2 --out scaling_slow.json
     # the cost model on every measured point (profile: --profile, else the embedded one)
-    python -m benchmarks.scaling model scaling_plain.json scaling_slow.json
-    # Piz Daint projection for the paper's models, P = 16..256
-    python -m benchmarks.scaling project
+    python -m benchmarks.scaling model scaling_plain.json scaling_slow.json --max-P 8
+    # Piz Daint projection for the paper's models, P = 16..256, with an error band
+    python -m benchmarks.scaling project --band-from profile.json
     # PNGs (docs/img/scaling_*.png) and the markdown tables for docs/BENCHMARKS.md
     python -m benchmarks.scaling plot scaling_plain.json scaling_slow.json --outdir docs/img
     python -m benchmarks.scaling report scaling_plain.json scaling_slow.json
 
-``measure`` runs ``autotune bench``'s ``sweep`` (same data, timing, traffic
-and phase split) once per P under ``mpiexec -n P`` (``--oversubscribe`` only
-when P exceeds the cores), optionally profiles the machine first (``autotune
-profile --quick`` at ``--profile-np`` ranks, killed after ``--profile-share``
-of the budget) and writes ONE JSON file: the
-rows of every P (raw repeats, bytes, split), the profile, and what was
-skipped.  ``--budget`` bounds the whole sweep: a P whose estimated time
-(the previous P's, scaled by the ratio of P) does not fit is skipped and
-recorded, and a launch still running when the budget ends is killed.
+``measure`` runs ``autotune bench``'s ``sweep`` once per P under ``mpiexec -n P``
+(``--oversubscribe`` beyond the cores), optionally after ``autotune profile
+--quick`` at ``--profile-np`` ranks (killed after ``--profile-share`` of the
+budget), and writes ONE JSON file: the rows of every P, the profile, what was
+skipped.  ``--budget`` bounds the sweep: a P whose estimate (the previous P's,
+scaled by the ratio of P) does not fit is skipped, a launch still running at
+the end is killed.
 
 On ``--network slow`` every rank shares ONE rate-limited loopback, so the
 time is roughly total bytes / 125 MB/s: a dense allreduce of 2^20 floats at
 P = 32 moves 2n(P-1)*4 B = 260 MB, about 2 s per call.  Keep n small there.
 
-The cost model is ``autotune.costmodel`` unchanged.  Its ``Machine`` takes
-the profile's betas as fitted at the profile's P; on one host (a single
-shared medium, ``shared_medium`` in the profile) the fitted beta already
-contains the contention of that P.  ``model`` therefore reports two errors:
-*as fitted* (Machine.from_profile as is) and *rescaled* (beta scaled by
-``autotune.profile.concurrency`` to each P, the rule ``Profile.predict``
-documents).  Piz Daint's profile is not a shared medium: no rescaling.
+``model``: each point's error with *Table 1* alone (the profile without its
+runs) and *fitted* (with them: weights, fixed costs, bandwidth law), and how
+often the selector's error band covered it.  The projection and its band:
+benchmarks/projection.py.
 
-No optuna, no matplotlib needed to measure (the lent GPU machine has neither
-optuna nor, possibly, matplotlib); plots are drawn where the JSON is read.
+No optuna or matplotlib needed to measure; plots are drawn where the JSON is read.
 """
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import math
 import os
@@ -60,53 +53,20 @@ from pathlib import Path
 
 import numpy as np
 
-import profiles
 from autotune import costmodel
 from autotune.launch import cores, mpiexec_argv
-from autotune.profile import Profile, concurrency
+from autotune.profile import Profile
 from collectives import ALGORITHMS
+
+# the projection lives in its own module; its names stay importable from here
+from .projection import (ALGO_ORDER, DAINT, PAPER_MODELS, PAPER_REPORTED,  # noqa: F401
+                         PROJECT_P, machine_at, project, projection_table)
 
 DEFAULT_NP = "2,3,4,6,8,12,16,24,32"
 DEFAULT_LOG2N = {"plain": "20,22,24", "slow": "18,20"}
-PROJECT_P = (16, 32, 64, 128, 256)
-DAINT = str(Path(profiles.__file__).parent / "piz_daint.json")  # shipped with the package
-# Order of columns everywhere; native MPI_Allreduce first, then Table 1's order.
-ALGO_ORDER = ("mpi", "dense", "topka", "gaussiank", "gtopk", "topkdsa", "oktopk", "topka2a")
 SLOW_NETNS_QDISC = "tbf rate 1gbit burst 1mb latency 500ms"
 SLOW_MPI_ENV = {"OMPI_MCA_btl": "tcp,self", "OMPI_MCA_btl_tcp_if_include": "lo",
                 "OMPI_MCA_pml": "ob1"}
-
-# The paper's three models (Li & Hoefler, PPoPP'22, arXiv:2201.07598).  n is the
-# number of trainable parameters of the model as the public reference code
-# (github.com/Shigangli/Ok-Topk) builds it, counted here layer by layer; the
-# density is the one its Ok-Topk job scripts pass.  The paper's own table of
-# model sizes and densities was NOT found in the text available to us.
-PAPER_MODELS = {
-    "VGG-16 (Cifar-10)": dict(
-        n=14_728_266, density=0.02,
-        n_source="VGG-16 for 32x32 inputs (13 conv3x3 + BatchNorm, one 512x10 linear), "
-                 "counted with torch.nn: 14,728,266 (the 14.7M of the issue)",
-        density_source="VGG/vgg16_oktopk.sh: density=0.02"),
-    "LSTM (AN4)": dict(
-        n=27_569_568, density=0.02,
-        n_source="reference LSTM/models/lstman4.py: DeepSpeech, 2 conv + 5 unidirectional "
-                 "LSTM layers of 800, lookahead 20, 29 labels; counted with torch.nn: 27,569,568",
-        density_source="LSTM/lstm_oktopk.sh: density=0.02"),
-    "BERT (Wikipedia)": dict(
-        n=110_106_428, density=0.01,
-        n_source="reference BERT/bert/bert_oktopk.sh trains bert-base-uncased "
-                 "(configs/bert_config_bert-base-uncased.json): BERT-base with the "
-                 "pre-training heads, 110,106,428 (Devlin et al.: 'BERT-BASE ... 110M')",
-        density_source="BERT/bert/bert_oktopk.sh: --density 0.01"),
-}
-# What the paper reports that we could read (its abstract, arXiv:2201.07598):
-# {model: {P: (low, high, text)}}.  Whole training steps, not the allreduce alone.
-PAPER_REPORTED = {
-    "BERT (Wikipedia)": {
-        256: (3.29, 12.95, "3.29x-12.95x training throughput over dense and the sparse "
-                           "baselines (abstract; whole training step; per-baseline split not found)")},
-}
-
 
 def _color(algo: str):
     import matplotlib.pyplot as plt
@@ -316,55 +276,45 @@ def load_results(path) -> dict:
     return res
 
 
-def machine_at(prof: dict, P: int, *, rescale: bool = True) -> costmodel.Machine:
-    """The cost model's Machine for P ranks.  With ``rescale`` and a profile
-    measured on one shared medium at another P, each primitive's beta is
-    scaled by concurrency(primitive, P) / concurrency(primitive, P_profile)
-    (each regime segment's beta too, where the profile has segments)."""
-    P0 = int(prof["fingerprint"]["P"])
-    if rescale and P != P0:
-        prof = copy.deepcopy(prof)
-        for name, rec in prof["primitives"].items():
-            if rec.get("shared_medium"):
-                f = concurrency(name, P) / concurrency(name, P0)
-                rec["beta_s_per_byte"] *= f
-                for seg in rec.get("segments") or ():  # per-regime fits, where the profile has them
-                    seg["beta_s_per_byte"] *= f
-    return costmodel.Machine.from_profile(prof)
+def model_errors(rows, prof: dict, *, max_P: int | None = None) -> list[dict]:
+    """Per measured row (up to ``max_P``): the cost model's prediction with
+    Table 1's terms alone and fitted to the profile's runs, the relative errors
+    |pred - measured| / measured, and whether the selector's error band covered it."""
+    from autotune.selector import Selector
 
-
-def model_errors(rows, prof: dict) -> list[dict]:
-    """Per measured row: the cost model's prediction (as fitted and rescaled to
-    the row's P) and the relative error |pred - measured| / measured."""
     Profile(prof)  # validates the schema: one clear ProfileError per problem
-    fitted = costmodel.Machine.from_profile(prof)
-    cache = {}
+    fitted, table1 = machine_at(prof), machine_at(prof, runs=False)
+    sel = Selector(prof, learn=False) if prof.get("runs") else None
     out = []
     for r in rows:
-        a = r["algorithm"]
-        if a not in ALGORITHMS:
+        a, P = r["algorithm"], int(r["P"])
+        if a not in ALGORITHMS or (max_P and P > max_P):
             continue
-        P = int(r["P"])
-        if P not in cache:
-            cache[P] = machine_at(prof, P)
         meas = float(r["median_s"])
         p_fit = costmodel.predict(fitted, a, r["n"], P, r["density"])
-        p_res = costmodel.predict(cache[P], a, r["n"], P, r["density"])
+        p_t1 = costmodel.predict(table1, a, r["n"], P, r["density"])
+        band = sel.error(a, r["n"], P) if sel is not None and a in sel.algorithms else None
         out.append({"algorithm": a, "n": r["n"], "P": P, "density": r["density"],
-                    "measured_s": meas, "pred_fitted_s": p_fit, "pred_rescaled_s": p_res,
-                    "err_fitted": abs(p_fit - meas) / meas, "err_rescaled": abs(p_res - meas) / meas})
+                    "measured_s": meas, "pred_fitted_s": p_fit, "pred_table1_s": p_t1,
+                    "err_fitted": abs(p_fit - meas) / meas, "err_table1": abs(p_t1 - meas) / meas,
+                    "covered": None if band is None else abs(math.log(p_fit / meas)) <= band})
     return out
 
 
 def error_summary(errs) -> dict:
-    """{algorithm or 'all': (median err as fitted, median err rescaled, points)}."""
+    """{algorithm or 'all': (median err fitted, median err Table 1, points, share of
+    points inside the selector's error band or nan)}."""
     by = defaultdict(list)
     for e in errs:
         by[e["algorithm"]].append(e)
         by["all"].append(e)
-    return {a: (float(np.median([e["err_fitted"] for e in v])),
-                float(np.median([e["err_rescaled"] for e in v])), len(v))
-            for a, v in by.items()}
+    out = {}
+    for a, v in by.items():
+        cov = [e["covered"] for e in v if e["covered"] is not None]
+        out[a] = (float(np.median([e["err_fitted"] for e in v])),
+                  float(np.median([e["err_table1"] for e in v])), len(v),
+                  float(np.mean(cov)) if cov else math.nan)
+    return out
 
 
 def _profile_for(res: dict, override: dict | None) -> dict:
@@ -373,23 +323,6 @@ def _profile_for(res: dict, override: dict | None) -> dict:
         raise ValueError(f"the {res['network']} results carry no profile (measure ran without "
                          "--profile-np or it failed): pass --profile FILE")
     return prof
-
-
-# -- project -----------------------------------------------------------------------
-def project(prof: dict, models=PAPER_MODELS, Ps=PROJECT_P, algorithms=ALGO_ORDER,
-            tau_prime: int = 32) -> list[dict]:
-    """Predicted seconds per allreduce of every algorithm, per model and P,
-    and each one's speedup over dense (Rabenseifner)."""
-    Profile(prof)
-    out = []
-    for model, spec in models.items():
-        for P in Ps:
-            M = machine_at(prof, P)
-            t = {a: costmodel.predict(M, a, spec["n"], P, spec["density"], tau_prime=tau_prime)
-                 for a in algorithms}
-            out.append({"model": model, "n": spec["n"], "density": spec["density"], "P": P,
-                        "pred_s": t, "speedup_vs_dense": {a: t["dense"] / v for a, v in t.items()}})
-    return out
 
 
 # -- tables ------------------------------------------------------------------------
@@ -429,30 +362,18 @@ def error_table(summaries: dict) -> str:
     nets = list(summaries)
     algos = [a for a in ALGO_ORDER if any(a in s for s in summaries.values())] + ["all"]
     lines = ["Cost model median relative error |predicted - measured| / measured "
-             "(as fitted / beta rescaled to each P; points)", "",
+             "(fitted to the profile's runs / Table 1 terms alone; points; inside the "
+             "selector's error band)", "",
              "| algorithm | " + " | ".join(nets) + " |", "|---|" + "---|" * len(nets)]
     for a in algos:
         cells = []
         for net in nets:
             v = summaries[net].get(a)
-            cells.append("" if v is None else f"{100 * v[0]:.0f}% / {100 * v[1]:.0f}% ({v[2]})")
+            cov = "" if v is None or math.isnan(v[3]) else f", {100 * v[3]:.0f}% in band"
+            cells.append("" if v is None else
+                         f"{100 * v[0]:.0f}% / {100 * v[1]:.0f}% ({v[2]}{cov})")
         name = "**all**" if a == "all" else a
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def projection_table(proj) -> str:
-    algos = list(proj[0]["pred_s"])
-    sparse = [a for a in algos if a != "dense"]
-    lines = ["Projected time per allreduce with profiles/piz_daint.json (ms) and the speedup "
-             "over dense (Rabenseifner)", "",
-             "| model (n, density) | P | dense ms | " + " | ".join(sparse) + " | paper reports |",
-             "|---|---|---|" + "---|" * len(sparse) + "---|"]
-    for r in proj:
-        paper = PAPER_REPORTED.get(r["model"], {}).get(r["P"], (0, 0, ""))[2]
-        cells = [f"{1e3 * r['pred_s'][a]:.2f} ({r['speedup_vs_dense'][a]:.2f}x)" for a in sparse]
-        lines.append(f"| {r['model']} ({r['n'] / 1e6:.2f}M, {100 * r['density']:g}%) | {r['P']} | "
-                     f"{1e3 * r['pred_s']['dense']:.2f} | " + " | ".join(cells) + f" | {paper} |")
     return "\n".join(lines)
 
 
@@ -488,7 +409,7 @@ def _save(fig, path: Path) -> Path:
 
 def plot_measured(res: dict, outdir, prof: dict | None = None) -> Path:
     """Measured median time vs P, one panel per n, one line per algorithm;
-    dashed: the cost model (beta rescaled to each P) when a profile is given."""
+    dashed: the cost model fitted to the profile's runs, when a profile is given."""
     rows = res["rows"]
     sizes = sorted({r["n"] for r in rows})
     algos = _algos(rows)
@@ -502,13 +423,14 @@ def plot_measured(res: dict, outdir, prof: dict | None = None) -> Path:
             P, t = zip(*pts)
             ax.plot(P, np.array(t) * 1e3, "o-", color=colors[a], label=a, ms=3)
             if prof is not None and a in ALGORITHMS:
-                pred = [costmodel.predict(machine_at(prof, p), a, n, p, res["density"]) for p in P]
+                M = machine_at(prof)
+                pred = [costmodel.predict(M, a, n, p, res["density"]) for p in P]
                 ax.plot(P, np.array(pred) * 1e3, "--", color=colors[a], lw=0.8)
         _log_panel(ax, "P (ranks)", "ms per call (median, slowest rank)",
                    f"n = 2^{int(math.log2(n))} per rank, {res['network']}")
     axes[0].legend(fontsize=7, ncol=2)
     if prof is not None:
-        fig.text(0.01, 0.01, "dashed: cost model (profile's beta rescaled to each P)", fontsize=7)
+        fig.text(0.01, 0.01, "dashed: cost model fitted to the profile's runs", fontsize=7)
     return _save(fig, Path(outdir) / f"scaling_measured_{res['network']}.png")
 
 
@@ -592,9 +514,12 @@ def main(argv=None) -> int:
             s.add_argument("--outdir", default=".")
         if name == "model":
             s.add_argument("--points", action="store_true", help="also print every point")
+            s.add_argument("--max-P", type=int, help="only the points up to this P")
     p = sub.add_parser("project", help="Piz Daint projection of the paper's models, P=16..256")
     p.add_argument("--daint", default=DAINT, help="profile for the projection")
     p.add_argument("--json", help="also write the projection here")
+    p.add_argument("--band-from", metavar="PROFILE",
+                   help="a measured profile whose held-out errors give each prediction a band")
 
     args = ap.parse_args(argv)
     if args.cmd == "_rank":
@@ -630,7 +555,8 @@ def main(argv=None) -> int:
     override = _load_profile_file(args.profile) if getattr(args, "profile", None) else None
     daint = _load_profile_file(args.daint)
     if args.cmd == "project":
-        proj = project(daint)
+        band = _load_profile_file(args.band_from) if args.band_from else None
+        proj = project(daint, band_from=band)
         print(projection_table(proj))
         if args.json:
             with open(args.json, "w") as f:
@@ -639,13 +565,13 @@ def main(argv=None) -> int:
     if args.cmd == "model":
         summaries = {}
         for res in results:
-            errs = model_errors(res["rows"], _profile_for(res, override))
+            errs = model_errors(res["rows"], _profile_for(res, override), max_P=args.max_P)
             summaries[res["network"]] = error_summary(errs)
             if args.points:
                 for e in errs:
                     print(f"{res['network']} P={e['P']} n=2^{int(math.log2(e['n']))} "
                           f"{e['algorithm']:10s} measured {1e3 * e['measured_s']:.2f} ms "
-                          f"model {1e3 * e['pred_fitted_s']:.2f} / {1e3 * e['pred_rescaled_s']:.2f} ms")
+                          f"model {1e3 * e['pred_fitted_s']:.2f} / {1e3 * e['pred_table1_s']:.2f} ms")
         print(error_table(summaries))
         return 0
     if args.cmd == "plot":

@@ -103,8 +103,9 @@ class Prices(Protocol):
     profiles.  Message sizes ``m`` are bytes, ``n`` element counts.
     """
 
-    def t_p2p(self, m: float) -> float:
-        """One point-to-point message of m bytes."""
+    def t_p2p(self, m: float, active: int | None = None) -> float:
+        """One point-to-point message of m bytes while ``active`` ranks send
+        (None: all of them); on one shared link their bytes add up."""
 
     def t_allgather(self, m: float, P: int) -> float:
         """Allgather of m bytes per rank."""

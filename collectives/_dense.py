@@ -122,13 +122,14 @@ class Dense(Algorithm):
             return 0.0
         p2 = 1 << (P.bit_length() - 1)
         lg = ceil_log2(p2)
-        # recursive halving then doubling: step s moves n/2^s elements each way
-        t = 2 * sum(prices.t_p2p(n * ITEM / (1 << s)) for s in range(1, lg + 1))
+        # recursive halving then doubling: step s moves n/2^s elements each way,
+        # among the p2 ranks of the power of two
+        t = 2 * sum(prices.t_p2p(n * ITEM / (1 << s), p2) for s in range(1, lg + 1))
         # elementwise sums of the reduce-scatter: a + b -> a, 3 streams per element
         # (not prices.reduce, the sparse COO merge: sort-based, ~10x dearer per entry)
         t += prices.dense_passes(n * (p2 - 1) / p2, 3)
-        if P != p2:
-            t += 2 * prices.t_p2p(n * ITEM) + prices.dense_passes(n, 3)
+        if P != p2:  # the P - p2 extra ranks fold in, then get the result: one way each
+            t += 2 * prices.t_p2p(n * ITEM, P - p2) + prices.dense_passes(n, 3)
         return t
 
 

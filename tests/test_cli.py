@@ -139,6 +139,8 @@ BAD = [
     ("bench", ["--log2n", "24:16"], "--log2n"),
     ("bench", ["--log2n", "16-24"], "--log2n"),
     ("bench", ["--log2n", "0:40"], "--log2n"),
+    ("bench", ["--sizes", "3001,x"], "--sizes"),
+    ("bench", ["--sizes", "0"], "--sizes"),
     ("bench", ["--density", "0"], "--density"),
     ("bench", ["--repeat", "0"], "--repeat"),
     ("bench", ["--warmup", "-1"], "--warmup"),
@@ -180,6 +182,7 @@ def test_good_values_parse():
     a = p.parse_args(["bench", "--log2n", "20", "--warmup", "0", "--gap-ms", "0",
                       "--density", "1"])
     assert (a.log2n, a.warmup, a.density) == ("20:20", 0, 1.0)
+    assert p.parse_args(["bench", "--sizes", "3001, 250007"]).sizes == "3001,250007"
     a = p.parse_args(["profile", "--max-bytes", "64KiB", "--np", "2"])
     assert a.max_bytes == "64KiB" and a.np == 2
 

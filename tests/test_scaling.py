@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from autotune import costmodel
-from autotune.profile import Profile, concurrency
+from autotune.profile import Profile
 from benchmarks import scaling
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -42,24 +42,27 @@ def test_paper_models_are_the_documented_sizes():
     assert "3.29x-12.95x" in table and table.count("\n") == len(proj) + 3
 
 
-def test_machine_at_rescales_beta_only_on_a_shared_medium():
-    base = costmodel.Machine.from_profile(SHM)
-    assert scaling.machine_at(SHM, 4) == base  # the profile's own P: as fitted
-    m16 = scaling.machine_at(SHM, 16)
-    want = SHM["primitives"]["p2p"]["beta_s_per_byte"] * concurrency("p2p", 16) / concurrency("p2p", 4)
-    assert SHM["primitives"]["p2p"]["shared_medium"]
-    assert m16.p2p.beta == pytest.approx(want) and m16.p2p.beta > base.p2p.beta
-    assert m16.p2p.alpha == base.p2p.alpha
-    assert SHM["primitives"]["p2p"]["beta_s_per_byte"] == base.p2p.beta  # input not mutated
-    # Piz Daint is not a shared medium: nothing changes with P
-    assert scaling.machine_at(DAINT, 64) == costmodel.Machine.from_profile(DAINT)
+def test_projection_band_from_a_measured_profile():
+    """With a measured profile's held-out errors every prediction gets a band
+    around it that widens with the octaves of P beyond P = 2."""
+    proj = scaling.project(DAINT, Ps=(16, 256), band_from=SHM)
+    for r in proj:
+        for a, (lo, hi) in r["band_s"].items():
+            assert lo < r["pred_s"][a] < hi
+    t = {(r["model"], r["P"]): r for r in proj}
+    m = "BERT (Wikipedia)"
+    w16, w256 = (t[(m, P)]["band_s"]["oktopk"][1] / t[(m, P)]["pred_s"]["oktopk"]
+                 for P in (16, 256))
+    assert w256 > w16 > 1
+    assert "[" in scaling.projection_table(proj)
+    assert "band_s" not in scaling.project(DAINT, Ps=(16,))[0]
 
 
 def _synthetic_rows(factor_by_algo):
-    """Rows whose 'measured' time is the rescaled model's prediction times a factor."""
+    """Rows whose 'measured' time is the fitted model's prediction times a factor."""
     rows = []
+    M = scaling.machine_at(SHM)
     for P in (2, 4, 8):
-        M = scaling.machine_at(SHM, P)
         for n in (1 << 16, 1 << 20):
             for a, f in factor_by_algo.items():
                 t = costmodel.predict(M, a, n, P, 0.01)
@@ -74,13 +77,18 @@ def test_model_errors_are_against_the_measured_numbers():
     assert len(errs) == len(rows)  # algorithms without a cost model are left out
     for e in errs:
         f = {"dense": 2.0, "oktopk": 0.5, "mpi": 1.0}[e["algorithm"]]
-        assert e["err_rescaled"] == pytest.approx(abs(1 / f - 1))
-        if e["P"] == 4:  # the profile's own P: both variants agree
-            assert e["err_fitted"] == pytest.approx(e["err_rescaled"])
+        assert e["err_fitted"] == pytest.approx(abs(1 / f - 1))
+        assert isinstance(e["covered"], bool)
     s = scaling.error_summary(errs)
-    assert s["dense"][1] == pytest.approx(0.5) and s["oktopk"][1] == pytest.approx(1.0)
-    assert s["mpi"][1] == pytest.approx(0.0, abs=1e-12)
-    assert s["all"][2] == len(rows) and s["all"][1] == pytest.approx(0.5)
+    assert s["dense"][0] == pytest.approx(0.5) and s["oktopk"][0] == pytest.approx(1.0)
+    assert s["mpi"][0] == pytest.approx(0.0, abs=1e-12) and s["mpi"][3] == 1.0
+    assert s["all"][2] == len(rows) and s["all"][0] == pytest.approx(0.5)
+    assert len(scaling.model_errors(rows, SHM, max_P=4)) == len(rows) * 2 // 3
+    # Table 1 alone: the profile without its runs
+    t1 = costmodel.Machine.from_profile({**SHM, "runs": []})
+    e = errs[0]
+    assert e["pred_table1_s"] == pytest.approx(
+        costmodel.predict(t1, e["algorithm"], e["n"], e["P"], 0.01))
 
 
 def _result(rows, network="plain", profile=SHM):
