@@ -282,13 +282,12 @@ def _design(machine: Machine, runs) -> dict:
 def _fit(X: np.ndarray, t: np.ndarray, Ps) -> np.ndarray:
     """Non-negative (w_lat, w_bw, w_cmp, o0, o1) minimising the runs' relative
     errors plus ``_PRIOR`` (w - 1) per weight; o1 = 0 with runs at one P only."""
-    from sklearn.linear_model import LinearRegression
+    from scipy.optimize import nnls  # what sklearn's positive LinearRegression runs, minus its checks
 
     cols = 5 if len(set(Ps)) > 1 else 4
     A = np.vstack([X[:, :cols] / t[:, None], _PRIOR * np.eye(3, cols)])
     y = np.concatenate([np.ones(len(t)), np.full(3, _PRIOR)])
-    coef = LinearRegression(positive=True, fit_intercept=False).fit(A, y).coef_
-    return np.concatenate([coef, np.zeros(5 - cols)])
+    return np.concatenate([nnls(A, y)[0], np.zeros(5 - cols)])
 
 
 def _log_err(coef, X, t) -> np.ndarray:

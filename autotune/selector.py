@@ -13,9 +13,11 @@ profile's runs (``costmodel.heldout_errors``): each algorithm's held-out error
 in range, grown with the distance beyond its runs (per octave of P from the
 process counts left out, per four octaves of n from the sizes left out).
 Far outside the runs of the predicted-fastest algorithm (more than
-``FAR_OCTAVES`` of n or P beyond them) the selector takes the robust choice: exact dense unless another algorithm clearly wins (its
-upper error bound, predicted x exp(error), below dense's lower one);
-``Decision.explain`` shows the errors and bounds and says so.
+``FAR_OCTAVES`` of n or P beyond them) the selector takes the robust choice:
+a reference exact algorithm (dense on a CPU profile, else the exact one with
+the lowest upper error bound, predicted x exp(error)) unless another clearly
+wins (its upper bound below the reference's lower one); ``Decision.explain``
+shows the errors and bounds and says so.
 """
 from __future__ import annotations
 
@@ -67,7 +69,8 @@ class Decision:
         if self.robust:
             fastest = min(self.predicted_s, key=lambda a: (self.predicted_s[a], a))
             lines.append(f"robust choice: far beyond the runs of {fastest} (predicted fastest), "
-                         f"exact dense unless another's upper bound is below its lower one")
+                         f"the reference exact algorithm unless another's upper bound is "
+                         f"below its lower one")
         if self.note:
             lines.append(self.note)
         return "\n".join(lines)
@@ -120,6 +123,9 @@ class Selector:
             raise ValueError(f"robust must be one of {ROBUST}, got {robust!r}")
         self.robust = robust
         profile = Profile.of(profile)
+        # host MPI: beyond the sampled sizes the native allreduce switches algorithms its
+        # model does not know (BENCHMARKS, "Fresh large buffers"); Rabenseifner is the reference
+        self.host = profile.device == "cpu"
         self.machine = costmodel.Machine.from_profile(profile)
         runs = list(profile.runs if runs is None else runs)
         self.algorithms = [a for a in (algorithms or default_algorithms(profile)) if a in ALGORITHMS]
@@ -196,15 +202,17 @@ class Selector:
         return inside * (1 + dn / 4) + octave * dP
 
     def _robust_choice(self, cands, pred, err) -> str:
-        """Outside the runs: ``upper``, the lowest upper end of the error band; ``exact``,
-        exact ``dense`` (Rabenseifner: Table 1's own terms, no vendor switch points; else
-        the fastest exact algorithm) unless another algorithm's upper end lies below its
-        lower end (clearly wins), the lowest upper end of those that do."""
+        """Far outside the runs: ``upper``, the lowest upper end of the error band;
+        ``exact``, a reference exact algorithm (exact ``dense``, Rabenseifner, on a CPU
+        profile; else the exact one with the lowest upper end) unless another
+        algorithm's upper end lies below the reference's lower end (clearly wins): the
+        lowest upper end of those that do."""
         upper = {a: pred[a] * math.exp(err[a]) for a in cands}
         exact = [a for a in cands if not _lossy(a)]
         if self.robust == "upper" or not exact:
             return min(cands, key=lambda a: (upper[a], a))
-        ref = "dense" if "dense" in exact else min(exact, key=lambda a: (pred[a], a))
+        ref = ("dense" if self.host and "dense" in exact
+               else min(exact, key=lambda a: (upper[a], a)))
         wins = [a for a in cands if upper[a] < pred[ref] * math.exp(-err[ref])]
         return min(wins, key=lambda a: (upper[a], a)) if wins else ref
 

@@ -72,7 +72,10 @@ def test_selector_decision(measure, selectors, profile, n, P, density):
     d = measure("selector", lambda: sel.choose(n, P, density))
     assert d.algorithm in d.candidates
     assert all(math.isfinite(t) and t > 0 for t in d.predicted_s.values())
-    assert d.algorithm == min(d.candidates, key=lambda a: (d.predicted_s[a], a))
+    if d.robust:  # far beyond the profile's runs (autotune.selector.FAR_OCTAVES)
+        assert "robust choice" in d.explain()
+    else:
+        assert d.algorithm == min(d.candidates, key=lambda a: (d.predicted_s[a], a))
     assert d.in_domain == (profile == "cpu_shm_p4")
     assert "<- chosen" in d.explain()
     # deterministic: a selector trained afresh on the same profile agrees bit for bit
