@@ -7,7 +7,7 @@
 from importlib.metadata import PackageNotFoundError, version as _version
 
 from .dispatch import (algorithm_instance, allreduce, communicator, decisions, init,
-                       print_decisions, resolve)
+                       print_decisions, resolve, synchronize)
 
 try:
     __version__ = _version("autotune-collectives")
@@ -15,4 +15,4 @@ except PackageNotFoundError:  # running from a source tree
     __version__ = "0.0.0+src"
 
 __all__ = ["__version__", "algorithm_instance", "allreduce", "communicator", "decisions", "init",
-           "print_decisions", "resolve"]
+           "print_decisions", "resolve", "synchronize"]

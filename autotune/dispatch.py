@@ -24,6 +24,8 @@ import numpy as np
 import collectives
 from collectives import ALGORITHMS, agree, validate
 
+from kernels import array_module as kernels_array_module
+
 from ._convert import as_array
 
 log = logging.getLogger("autotune")
@@ -271,6 +273,35 @@ def _set_options(comm, options: dict) -> None:
             if name in built:
                 _CTX.algos[name] = built[name]
     _CTX.options = {name: dict(kw) for name, kw in options.items()}
+
+
+def synchronize() -> None:
+    """Report, on every rank, what the device checks found since the last call.
+
+    Device (cupy / CUDA torch) inputs are scanned for NaN and Inf by a kernel
+    that sets a flag on the device, never read back per call (that would stall
+    the stream).  This reads the flags back (one device synchronize), agrees
+    on them across ranks and raises on every rank if any rank's input held
+    NaN or Inf.  The error-feedback residuals that hold non-finite values are
+    zeroed (their tensors' results were already computed from them).  The
+    DDP hook and ``SparseSGD`` / ``DistributedOptimizer`` call it at the end
+    of every step; callers of ``allreduce`` on device arrays call it where a
+    step ends.  Host (numpy) inputs are checked on the spot instead.
+    Collective: one allgather of one integer.
+
+    Raises:
+        ValueError: naming the ranks and tensors.
+    """
+    comm = communicator()
+    try:
+        collectives.report_nonfinite(comm)
+    except ValueError:
+        for algo in _CTX.algos.values():
+            for st in getattr(algo, "states", {}).values():
+                xp = kernels_array_module(st.residual)
+                if not bool(xp.isfinite(st.residual).all()):
+                    st.residual.fill(0)
+        raise
 
 
 def decisions() -> dict:

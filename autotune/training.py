@@ -271,7 +271,10 @@ class SparseSGD:
         return u
 
     def advance(self) -> None:
-        """Count one optimizer step (warm-up and statistics follow it)."""
+        """Count one optimizer step (warm-up and statistics follow it), after
+        reporting NaN/Inf found on the device during it on every rank
+        (``autotune.synchronize``; collective)."""
+        dispatch.synchronize()
         if self.step < self.warmup_steps:
             self.dense_steps += 1
         else:

@@ -8,8 +8,9 @@
     out = algo(grad, name="fc1.weight", density=0.01)
     print(algo.last_traffic.total().bytes_sent)
 """
-from ._base import (ALGORITHMS, BACKENDS, ITEM, Algorithm, Prices, agree, SparseAllreduce,
-                    SparseState, ceil_log2, check_intervals, register, unregister, validate)
+from ._base import (ALGORITHMS, BACKENDS, ITEM, Algorithm, Prices, SparseAllreduce,
+                    SparseState, ceil_log2, register, unregister)
+from ._validate import agree, check_intervals, report_nonfinite, validate
 from ._base import CallRecord, Observation, observe
 from ._comm import Communicator, MPICommunicator, PhaseCounters, Traffic, mpi_library_version
 from ._timing import timeit, timeit_interleaved
@@ -51,6 +52,7 @@ __all__ = [
     "check_intervals",
     "rabenseifner",
     "register",
+    "report_nonfinite",
     "unregister",
     "timeit",
     "timeit_interleaved",

@@ -4,7 +4,6 @@ from __future__ import annotations
 import abc
 import inspect
 import math
-import zlib
 from typing import ClassVar, Protocol, runtime_checkable
 
 import numpy as np
@@ -13,6 +12,7 @@ import kernels
 
 from ._comm import Communicator, MPICommunicator, Traffic
 from ._nccl import NCCLCommunicator
+from ._validate import SUPPORTED_DTYPES, agree, check_intervals, validate
 
 __all__ = [
     "ALGORITHMS",
@@ -38,7 +38,6 @@ ALGORITHMS: dict[str, type["Algorithm"]] = {}
 BACKENDS: dict[str, type[Communicator]] = {
     c.backend: c for c in (MPICommunicator, NCCLCommunicator)}
 
-SUPPORTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 def register(cls):
@@ -131,188 +130,6 @@ class Prices(Protocol):
 
     def reduce(self, n: float) -> float:
         """Sparse (COO) reduction of n entries."""
-
-
-# -- validation ---------------------------------------------------------------
-_BAD_DTYPE, _NONCONTIG, _NONFINITE, _EMPTY, _BAD_DENSITY, _PROBLEM = 1, 2, 4, 8, 16, 32
-_REASONS = {
-    _BAD_DTYPE: ("TypeError", "unsupported dtype (supported: float32, float64; float16 and "
-                              "bfloat16 through autotune.allreduce)"),
-    _NONCONTIG: ("ValueError", "tensor is not contiguous"),
-    _NONFINITE: ("ValueError", "tensor holds NaN or Inf"),
-    _EMPTY: ("ValueError", "tensor is empty"),
-    _BAD_DENSITY: ("ValueError", "density must be in (0, 1]"),
-}
-
-
-def _comparable(v):
-    """A parameter as compared across ranks: numbers as floats (8, 8.0 and
-    numpy's 8 agree), anything else by its repr (never raises)."""
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        return repr(v)
-
-
-def _crc(text) -> int:
-    return zlib.crc32(str(text).encode()) & 0x7FFFFFFF
-
-
-def check_intervals(**intervals) -> None:
-    """Refresh intervals (tau, tau_prime) must be integers >= 1; None means unset.
-
-    Raises:
-        ValueError: naming the first bad one.
-    """
-    for what, v in intervals.items():
-        ok = isinstance(v, (int, np.integer)) and not isinstance(v, bool)
-        if isinstance(v, float) and v.is_integer():
-            ok = True
-        if v is not None and not (ok and v >= 1):
-            raise ValueError(f"{what} must be an integer >= 1, got {v!r}")
-
-
-class _Missing:
-    """Stands in for an input that could not be read as an array on this rank."""
-
-    dtype = np.dtype(np.uint8)
-    size = 0
-    shape = ()
-
-    class flags:
-        c_contiguous = True
-
-
-def _local_code(x, density, check_finite, contiguous) -> int:
-    code = 0
-    dt = np.dtype(x.dtype)
-    if dt not in SUPPORTED_DTYPES:
-        code |= _BAD_DTYPE
-    if not (x.flags.c_contiguous if contiguous is None else contiguous):
-        code |= _NONCONTIG
-    if x.size == 0:
-        code |= _EMPTY
-    elif check_finite and not (code & _BAD_DTYPE):
-        xp = kernels.array_module(x)
-        if not bool(xp.isfinite(x).all()):
-            code |= _NONFINITE
-    if density is not None and not (isinstance(density, (int, float, np.floating, np.integer))
-                                    and not isinstance(density, bool) and 0.0 < density <= 1.0):
-        code |= _BAD_DENSITY
-    return code
-
-
-def validate(comm: Communicator, x, *, density: float | None = None, check_finite: bool = True,
-             tag: str = "", params: dict | None = None, source: str | None = None,
-             contiguous: bool | None = None, call: str = "",
-             problem: BaseException | None = None):
-    """Check ``x`` on every rank and agree on the verdict.
-
-    One small allgather carries each rank's flags, size, dtype and shape hash,
-    so every rank raises the same error (naming the offending ranks) instead
-    of some ranks entering a collective the others never reach.
-
-    ``tag`` (e.g. the tensor's name), ``call`` (what the caller runs, e.g.
-    ``"oktopk/sum"``: algorithm and op) and the parameters (``density`` and
-    ``params``, e.g. ``{"tau": 64, "tau_prime": 8}``; None values count as
-    unset) must also agree across ranks: ranks running different algorithms
-    or selecting different k would exchange messages the others never expect.
-    Refresh intervals in ``params`` (``tau``, ``tau_prime``) are checked too.
-
-    ``source`` and ``contiguous`` describe the caller's tensor when ``x`` is
-    a widened copy of it (a half-precision input reduced in float32): its
-    dtype name is what must agree across ranks, and its contiguity is what
-    is checked.
-
-    ``problem``: an error this rank found before the call (an unknown
-    algorithm, an input that is no array; ``x`` may then be None).  The
-    lowest such rank's error is sent to every rank, which all raise it.
-
-    Raises:
-        TypeError: unsupported dtype (or a ``problem`` that is one) on some rank.
-        ValueError: any other problem on some rank, or shapes/dtypes/names/
-            algorithms/parameters differing.
-    """
-    params = dict(params or {})
-    if problem is None:
-        try:
-            check_intervals(**{k: params.get(k) for k in ("tau", "tau_prime")})
-        except ValueError as e:
-            problem = e
-    if x is None:
-        x = _Missing()
-    params = tuple(sorted((k, _comparable(v)) for k, v in params.items() if v is not None))
-    shown = source or str(np.dtype(x.dtype))
-    code = _PROBLEM if problem is not None else 0
-    if not isinstance(x, _Missing):
-        code |= _local_code(x, density, check_finite, contiguous)
-    param_hash = _crc(repr((_comparable(density), *params)))
-    mine = [code, int(x.size), _crc(shown), _crc(repr(tuple(x.shape))), _crc(tag), param_hash,
-            _crc(call)]
-    if comm.size > 1:
-        with comm.phase("control:validate"):
-            table = comm.allgather_ints(mine)
-    else:
-        table = np.asarray([mine], dtype=np.int64)
-    codes = table[:, 0]
-    if codes.any():
-        _raise_problem(comm, table, problem)
-        for bit, (kind, why) in _REASONS.items():
-            ranks = [int(r) for r in np.flatnonzero(codes & bit)]
-            if ranks:
-                exc = TypeError if kind == "TypeError" else ValueError
-                raise exc(f"allreduce: {why} on rank(s) {ranks}"
-                          + (f" (dtype {shown})" if bit == _BAD_DTYPE and code & bit else ""))
-    here = f"(this rank: shape {tuple(x.shape)}, dtype {shown}, name {tag!r}, call {call!r})"
-    for col, what in ((1, "size"), (2, "dtype"), (3, "shape"), (4, "name"),
-                      (6, "algorithm or op")):
-        if (table[:, col] != table[0, col]).any():
-            bad = [int(r) for r in np.flatnonzero(table[:, col] != table[0, col])]
-            raise ValueError(f"allreduce: tensor {what} differs across ranks (rank(s) {bad} "
-                             f"differ from rank 0) " + here)
-    if (table[:, 5] != table[0, 5]).any():
-        bad = [int(r) for r in np.flatnonzero(table[:, 5] != table[0, 5])]
-        raise ValueError(f"allreduce: parameters differ from rank 0's on rank(s) {bad} "
-                         f"(this rank: density={density!r}"
-                         + "".join(f", {k}={v!r}" for k, v in params) + ")")
-
-
-def agree(comm: Communicator, problem: BaseException | None = None, *, value=None,
-          what: str = "arguments") -> None:
-    """Raise the same error on every rank unless all ranks are fine and agree.
-
-    ``problem``: an error found on this rank alone (e.g. a bad constructor
-    argument); if any rank has one, the lowest such rank's error is raised
-    everywhere.  ``value``: anything whose repr must be the same on every
-    rank (e.g. a list of shapes); otherwise every rank raises a ValueError
-    saying ``what`` differs and on which ranks.  Collective: one allgather
-    of two ints (plus one broadcast on the error path).
-    """
-    mine = [_PROBLEM if problem is not None else 0, _crc(repr(value))]
-    if comm.size > 1:
-        with comm.phase("control:validate"):
-            table = comm.allgather_ints(mine)
-    else:
-        table = np.asarray([mine], dtype=np.int64)
-    _raise_problem(comm, table, problem)
-    differ = [int(r) for r in np.flatnonzero(table[:, 1] != table[0, 1])]
-    if differ:
-        raise ValueError(f"{what} differ across ranks (rank(s) {differ} differ from rank 0; "
-                         f"this rank: {value!r:.200})")
-
-
-def _raise_problem(comm: Communicator, table, problem) -> None:
-    """If some rank reported a ``problem``, raise the lowest such rank's on every rank."""
-    bad = np.flatnonzero(table[:, 0] & _PROBLEM)
-    if not bad.size:
-        return
-    first = int(bad[0])
-    mine = (type(problem).__name__, str(problem)) if comm.rank == first else None
-    kind, text = comm.bcast_obj(mine, first) if comm.size > 1 else mine
-    exc = {"TypeError": TypeError, "ValueError": ValueError}.get(kind, RuntimeError)
-    where = f" on rank {first}" if comm.size > 1 else ""
-    others = [int(r) for r in bad[1:]]
-    raise exc(f"{text}{where}" + (f" (and a problem on rank(s) {others})" if others else ""))
 
 
 # -- state -----------------------------------------------------------------------
@@ -413,9 +230,9 @@ class Algorithm(abc.ABC):
                      check_finite=self.check_finite, tag="" if name is None else str(name),
                      params=kw if self.lossy else None, call=self.name)
         x = x.reshape(-1)
-        before = self.comm.traffic.copy()  # validation is not the algorithm's traffic
-        out = self._call(x, name=name, density=density, **kw)
-        self.last_traffic = self.comm.traffic.since(before)
+        with self.comm.capture() as traffic:  # validation is not the algorithm's traffic
+            out = self._call(x, name=name, density=density, **kw)
+        self.last_traffic = traffic
         if _OBSERVERS:  # after the call is complete: an observer's error leaves no half state
             if density is None and self.lossy:
                 density = getattr(self, "default_density", None)

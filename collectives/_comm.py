@@ -110,6 +110,10 @@ class Communicator(abc.ABC):
         self.size = size
         self.traffic = Traffic()
         self._phase = "other"
+        # the Traffic of each call in progress (Algorithm.__call__), innermost last
+        self._captures: list[Traffic] = []
+        # non-finite device inputs not yet reported (collectives._validate.DeviceFlags)
+        self.device_flags = None
         # When True, each phase ends with a device synchronize so that its
         # seconds include the asynchronous GPU work it launched (benchmarks).
         self.sync_phases = False
@@ -129,15 +133,31 @@ class Communicator(abc.ABC):
         finally:
             if self.sync_phases:
                 self._sync()
-            self.traffic[name].seconds += time.perf_counter() - t0
+            dt = time.perf_counter() - t0
+            self.traffic[name].seconds += dt
+            for cap in self._captures:
+                cap[name].seconds += dt
             self._phase = prev
 
+    @contextlib.contextmanager
+    def capture(self):
+        """Yield a Traffic that collects what happens inside the block (on top
+        of the running ``traffic``): one call's counters, without copying the
+        running totals."""
+        cap = Traffic()
+        self._captures.append(cap)
+        try:
+            yield cap
+        finally:
+            self._captures.pop()  # nested blocks close innermost first
+
     def _count(self, sent: int, recv: int, msent: int, mrecv: int) -> None:
-        c = self.traffic[self._phase]
-        c.bytes_sent += sent
-        c.bytes_recv += recv
-        c.msgs_sent += msent
-        c.msgs_recv += mrecv
+        for t in (self.traffic, *self._captures):
+            c = t[self._phase]
+            c.bytes_sent += sent
+            c.bytes_recv += recv
+            c.msgs_sent += msent
+            c.msgs_recv += mrecv
 
     # -- point to point -------------------------------------------------
     def send(self, buf, dest: int, tag: int = 0) -> None:

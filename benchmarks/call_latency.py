@@ -1,0 +1,103 @@
+"""Per-call latency on the GPU, each call synchronized, against raw ncclAllReduce.
+
+    mpirun -n 2 python -m benchmarks.call_latency --log2n 10,16,20,22 \\
+        --algorithms raw,nccl,dense,auto,oktopk,topka,gtopk \\
+        --profile profiles/gpu_h200_nvlink_p2.json --json out.json
+
+Every round times each variant once (interleaved, after a host barrier): a call
+of ``autotune.allreduce`` on a cupy array of n float32 values, then a
+synchronize of the current stream.  ``raw`` is ncclAllReduce through the same
+NCCL communicator into a preallocated buffer.  Prints the median per variant
+and size (microseconds); ``--cprofile ALG:LOG2N`` also prints where rank 0's
+host time goes for that variant (cProfile, own time).
+"""
+import argparse
+import cProfile
+import json
+import pstats
+import time
+
+import numpy as np
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.call_latency", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--log2n", default="10,16,20,22", help="comma list of log2 sizes")
+    ap.add_argument("--algorithms", default="raw,nccl,dense,oktopk",
+                    help="comma list: raw, auto or registered algorithm names")
+    ap.add_argument("--density", type=float, default=0.01)
+    ap.add_argument("--rounds", type=int, default=60)
+    ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--profile", help="profile for algorithm 'auto'")
+    ap.add_argument("--json", help="write the medians here")
+    ap.add_argument("--cprofile", help="ALG:LOG2N: profile rank 0's host time of that variant")
+    args = ap.parse_args(argv)
+
+    import cupy as cp
+
+    import autotune
+    import collectives
+
+    comm = collectives.NCCLCommunicator(collectives.MPICommunicator())
+    autotune.init(comm, profile=args.profile)
+    stream = cp.cuda.get_current_stream()
+    algos = args.algorithms.split(",")
+    sizes = [int(s) for s in args.log2n.split(",")]
+    rng = np.random.default_rng(1234 + comm.rank)
+    results: dict = {}
+
+    def call(alg, x, out):
+        if alg == "raw":
+            comm.nccl.allReduce(x.data.ptr, out.data.ptr, x.size, comm._t(x),
+                                comm._ops["sum"], stream.ptr)
+            return out
+        return autotune.allreduce(x, name=f"g{x.size}", algorithm=alg, density=args.density)
+
+    for lg in sizes:
+        n = 1 << lg
+        x = cp.asarray(rng.standard_normal(n, dtype=np.float32))
+        out = cp.empty_like(x)
+        times = {a: [] for a in algos}
+        for r in range(args.warmup + args.rounds):
+            for a in algos:
+                comm.mpi.barrier()
+                t0 = time.perf_counter()
+                call(a, x, out)
+                stream.synchronize()
+                if r >= args.warmup:
+                    times[a].append(time.perf_counter() - t0)
+        med = {a: float(np.median(t)) * 1e6 for a, t in times.items()}
+        results[lg] = med
+        if "auto" in algos and comm.rank == 0:
+            picks = {k.name: c.algorithm for k, c in autotune.decisions().items()}
+            med["auto_pick"] = picks.get(f"g{n}")
+        if comm.rank == 0:
+            print(f"n=2^{lg}: " + "  ".join(f"{a} {med[a]:.0f}" for a in algos)
+                  + (f"  (auto picks {med.get('auto_pick')})" if "auto" in algos else "")
+                  + "  [us, median of %d]" % args.rounds, flush=True)
+
+    if args.cprofile:
+        a, lg = args.cprofile.split(":")
+        x = cp.asarray(rng.standard_normal(1 << int(lg), dtype=np.float32))
+        out = cp.empty_like(x)
+        for _ in range(5):
+            call(a, x, out)
+        stream.synchronize()
+        comm.mpi.barrier()
+        pr = cProfile.Profile()
+        pr.enable()
+        for _ in range(50):
+            call(a, x, out)
+            stream.synchronize()
+        pr.disable()
+        if comm.rank == 0:
+            pstats.Stats(pr).sort_stats("tottime").print_stats(25)
+    if args.json and comm.rank == 0:
+        with open(args.json, "w") as f:
+            json.dump({"P": comm.size, "density": args.density, "us": results}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
