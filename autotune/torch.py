@@ -36,7 +36,9 @@ dtype (``autotune._convert``).
 import atexit
 import hashlib
 import os
+import queue
 import socket
+import threading
 import zlib
 
 import numpy as np
@@ -150,10 +152,17 @@ def allreduce_hook(state: HookState, bucket) -> torch.futures.Future[torch.Tenso
     error-feedback residual and, with momentum correction, its velocity
     follow it from step to step; when DDP rebuilds its buckets after the
     first iteration, a bucket whose parameters changed starts fresh state
-    instead of adding the old state to other coordinates.  DDP launches
-    buckets in index order on every rank, so the collectives line up.  The reduction is synchronous:
-    the returned future is already completed (with the bucket's buffer,
-    overwritten by the average, as the default allreduce hook does).
+    instead of adding the old state to other coordinates.
+
+    Asynchronous: the reduction runs on the library's one background thread
+    (buckets in the order DDP hands them over, the same on every rank), on a
+    CUDA stream of its own that first waits for the gradients' stream, so the
+    backward pass goes on while buckets are reduced.  The returned future
+    holds the bucket's buffer, overwritten by the average; on CUDA it is
+    stream-ordered (DDP's wait makes its stream wait for the reduction, not
+    the host).  An error is raised by DDP's wait at the end of backward, on
+    every rank.  After the last bucket of a step the hook reports NaN/Inf
+    found on the device on every rank (``autotune.synchronize``).
 
     Use::
 
@@ -161,13 +170,78 @@ def allreduce_hook(state: HookState, bucket) -> torch.futures.Future[torch.Tenso
     """
     buf = bucket.buffer()
     layout = zlib.crc32(repr([tuple(p.shape) for p in bucket.parameters()]).encode())
-    out = state.sgd.allreduce(buf, f"bucket{bucket.index()}.n{buf.numel()}.{layout:08x}")
-    buf.copy_(out)
-    if bucket.is_last():
-        state.sgd.advance()
-    fut = torch.futures.Future()
-    fut.set_result(buf)
+    name = f"bucket{bucket.index()}.n{buf.numel()}.{layout:08x}"
+    last = bucket.is_last()
+    if buf.is_cuda:
+        ready = torch.cuda.Event()
+        ready.record()
+        fut = torch.futures.Future(devices=[buf.device])
+    else:
+        ready, fut = None, torch.futures.Future()
+    _worker().submit(lambda: _reduce_bucket(state, buf, name, last, ready, fut))
     return fut
+
+
+def _reduce_bucket(state: HookState, buf, name: str, last: bool, ready, fut) -> None:
+    """The hook's work, on the background thread."""
+    try:
+        if ready is None:
+            _reduce_into(state, buf, name, last)
+            fut.set_result(buf)
+            return
+        import cupy
+
+        stream = _stream(buf.device)
+        with cupy.cuda.Device(buf.device.index), torch.cuda.device(buf.device), \
+                torch.cuda.stream(stream), cupy.cuda.ExternalStream(stream.cuda_stream):
+            stream.wait_event(ready)
+            _reduce_into(state, buf, name, last)
+            fut.set_result(buf)  # records the completion on this stream
+    except BaseException as e:  # noqa: BLE001 - raised by DDP's wait, on every rank
+        fut.set_exception(e)
+
+
+def _reduce_into(state: HookState, buf, name: str, last: bool) -> None:
+    buf.copy_(state.sgd.allreduce(buf, name))
+    if last:
+        state.sgd.advance()
+
+
+_STREAMS: dict = {}
+
+
+def _stream(device):
+    s = _STREAMS.get(device)
+    if s is None:
+        s = _STREAMS[device] = torch.cuda.Stream(device=device)
+    return s
+
+
+class _Worker:
+    """One background thread that runs submitted jobs in order (so every
+    rank issues its collectives in the order the jobs were submitted)."""
+
+    def __init__(self):
+        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._run, name="autotune-hook", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while True:
+            self.jobs.get()()
+
+    def submit(self, job) -> None:
+        self.jobs.put(job)
+
+
+_WORKER: _Worker | None = None
+
+
+def _worker() -> _Worker:
+    global _WORKER
+    if _WORKER is None:
+        _WORKER = _Worker()
+    return _WORKER
 
 
 # -- Horovod-style optimizer -------------------------------------------------------------
