@@ -24,8 +24,6 @@ import numpy as np
 import collectives
 from collectives import ALGORITHMS, agree, validate
 
-from kernels import array_module as kernels_array_module
-
 from ._convert import as_array
 
 log = logging.getLogger("autotune")
@@ -297,10 +295,8 @@ def synchronize() -> None:
         collectives.report_nonfinite(comm)
     except ValueError:
         for algo in _CTX.algos.values():
-            for st in getattr(algo, "states", {}).values():
-                xp = kernels_array_module(st.residual)
-                if not bool(xp.isfinite(st.residual).all()):
-                    st.residual.fill(0)
+            if isinstance(algo, collectives.SparseAllreduce):
+                algo.drop_nonfinite_residuals()
         raise
 
 

@@ -8,13 +8,11 @@ Every round times each variant once (interleaved, after a host barrier): a call
 of ``autotune.allreduce`` on a cupy array of n float32 values, then a
 synchronize of the current stream.  ``raw`` is ncclAllReduce through the same
 NCCL communicator into a preallocated buffer.  Prints the median per variant
-and size (microseconds); ``--cprofile ALG:LOG2N`` also prints where rank 0's
-host time goes for that variant (cProfile, own time).
+and size (microseconds).  Where the host time of one variant goes:
+``benchmarks.call_profile``.
 """
 import argparse
-import cProfile
 import json
-import pstats
 import time
 
 import numpy as np
@@ -31,7 +29,6 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--profile", help="profile for algorithm 'auto'")
     ap.add_argument("--json", help="write the medians here")
-    ap.add_argument("--cprofile", help="ALG:LOG2N: profile rank 0's host time of that variant")
     args = ap.parse_args(argv)
 
     import cupy as cp
@@ -77,22 +74,6 @@ def main(argv=None) -> int:
                   + (f"  (auto picks {med.get('auto_pick')})" if "auto" in algos else "")
                   + "  [us, median of %d]" % args.rounds, flush=True)
 
-    if args.cprofile:
-        a, lg = args.cprofile.split(":")
-        x = cp.asarray(rng.standard_normal(1 << int(lg), dtype=np.float32))
-        out = cp.empty_like(x)
-        for _ in range(5):
-            call(a, x, out)
-        stream.synchronize()
-        comm.mpi.barrier()
-        pr = cProfile.Profile()
-        pr.enable()
-        for _ in range(50):
-            call(a, x, out)
-            stream.synchronize()
-        pr.disable()
-        if comm.rank == 0:
-            pstats.Stats(pr).sort_stats("tottime").print_stats(25)
     if args.json and comm.rank == 0:
         with open(args.json, "w") as f:
             json.dump({"P": comm.size, "density": args.density, "us": results}, f, indent=1)

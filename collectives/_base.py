@@ -348,6 +348,16 @@ class SparseAllreduce(Algorithm):
     def state(self, name: str) -> SparseState:
         return self.states[name]
 
+    def drop_nonfinite_residuals(self) -> list[str]:
+        """Zero every residual holding NaN or Inf (after a non-finite input was
+        reported); returns the tensors' names."""
+        dropped = []
+        for name, st in self.states.items():
+            if not bool(kernels.array_module(st.residual).isfinite(st.residual).all()):
+                st.residual.fill(0)
+                dropped.append(name)
+        return dropped
+
     def _call(self, x, *, name, density, tau: int | None = None, tau_prime: int | None = None):
         """``tau`` / ``tau_prime`` (None: keep the tensor's, initially the
         instance's) set this tensor's refresh intervals from this call on."""

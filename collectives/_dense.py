@@ -145,11 +145,10 @@ class NativeMPI(Algorithm):
 
     def _call(self, x, *, name, density, **kw):
         comm = getattr(self.comm, "mpi", self.comm)
-        with self.comm.phase("comm:allreduce"):
-            before = comm.traffic.copy()
+        with self.comm.phase("comm:allreduce"), comm.capture() as inner:
             out = comm.allreduce(x, "sum")
             if comm is not self.comm:  # account it on the communicator the caller reads
-                moved = comm.traffic.since(before).total()
+                moved = inner.total()
                 self.comm._count(moved.bytes_sent, moved.bytes_recv, moved.msgs_sent, moved.msgs_recv)
             return out
 

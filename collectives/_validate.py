@@ -23,8 +23,6 @@ import zlib
 
 import numpy as np
 
-import kernels
-
 from ._comm import Communicator
 
 __all__ = ["SUPPORTED_DTYPES", "DeviceFlags", "agree", "check_intervals", "report_nonfinite",
@@ -81,7 +79,8 @@ class _Missing:
         c_contiguous = True
 
 
-def _local_code(x, density, check_finite, contiguous) -> int:
+def _local_code(x, density, contiguous) -> int:
+    """The problems a signature has in itself (dtype, contiguity, size, density)."""
     code = 0
     dt = np.dtype(x.dtype)
     if dt not in SUPPORTED_DTYPES:
@@ -90,10 +89,6 @@ def _local_code(x, density, check_finite, contiguous) -> int:
         code |= _NONCONTIG
     if x.size == 0:
         code |= _EMPTY
-    elif check_finite and not (code & _BAD_DTYPE):
-        xp = kernels.array_module(x)
-        if not bool(xp.isfinite(x).all()):
-            code |= _NONFINITE
     if density is not None and not (isinstance(density, (int, float, np.floating, np.integer))
                                     and not isinstance(density, bool) and 0.0 < density <= 1.0):
         code |= _BAD_DENSITY
@@ -160,7 +155,7 @@ def validate(comm: Communicator, x, *, density: float | None = None, check_finit
             return
     elif not code:
         return
-    _explain(comm, x, density, params, tag, source, contiguous, call, problem)
+    _explain(comm, x, code, density, params, tag, source, call, problem)
 
 
 _SIGNATURES: dict = {}
@@ -176,7 +171,7 @@ def _signature(x, density, params, tag, source, contiguous, call) -> tuple[int, 
         key, hit = None, None
     if hit is None:
         shown = source or str(np.dtype(x.dtype))
-        hit = (_local_code(x, density, False, contig),
+        hit = (_local_code(x, density, contig),
                _crc(repr((int(x.size), shown, tuple(x.shape), tag, _comparable(density),
                           params, call))))
         if key is not None:
@@ -186,14 +181,12 @@ def _signature(x, density, params, tag, source, contiguous, call) -> tuple[int, 
     return hit
 
 
-def _explain(comm, x, density, params, tag, source, contiguous, call, problem) -> None:
-    """The detailed exchange after a problem: every rank raises the same error."""
+def _explain(comm, x, code, density, params, tag, source, call, problem) -> None:
+    """The detailed exchange after a problem (``code``: this rank's, from the
+    first exchange): every rank raises the same error."""
     if x is None:
         x = _Missing()
     shown = source or str(np.dtype(x.dtype))
-    code = _PROBLEM if problem is not None else 0
-    if not isinstance(x, _Missing):
-        code |= _local_code(x, density, isinstance(x, np.ndarray), contiguous)
     param_hash = _crc(repr((_comparable(density), *params)))
     mine = [code, int(x.size), _crc(shown), _crc(repr(tuple(x.shape))), _crc(tag), param_hash,
             _crc(call)]
@@ -339,8 +332,8 @@ def report_nonfinite(comm: Communicator) -> None:
     table = comm.allgather_ints([signed])[:, 0] if comm.size > 1 else np.array([signed])
     ranks = [int(r) for r in np.flatnonzero(table)]
     if ranks:
-        union = int(np.bitwise_or.reduce(table).view(np.uint64)) if table.size else 0
-        names = flags.names(union) if flags is not None else []
+        names = flags.names(int(np.bitwise_or.reduce(table).view(np.uint64))) \
+            if flags is not None else []
         raise ValueError(f"allreduce: tensor holds NaN or Inf on rank(s) {ranks}: "
                          f"{', '.join(repr(n) for n in names) or '(unknown)'} (found on the "
                          f"device since the last check; every rank received a result computed "
