@@ -356,16 +356,29 @@ def _option(key: str) -> str:
     return "the command" if key == "command" else "--" + key.replace("_", "-")
 
 
+_UNPARSED = {"unparsed": True}
+
+
+def _agreed_command(argv: list[str]) -> bool:
+    """Whether this command's ranks agree on their arguments before running:
+    the MPI commands (bench, profile) under a launcher, except `profile
+    --refit`, which runs no MPI."""
+    return (bool(argv) and argv[0] in ("bench", "profile") and under_mpi()
+            and not any(a == "--refit" or a.startswith("--refit=") for a in argv))
+
+
 def _agree_args(args) -> str | None:
     """Under MPI with more than one rank: None when every rank parsed the same
-    arguments, else one message, the same on every rank.  Collective (an
+    arguments, else one message, the same on every rank.  ``args`` None: this
+    rank could not parse its own (it has printed why).  Collective (an
     allgather of a CRC on a duplicate of COMM_WORLD; the arguments themselves
     only on a mismatch)."""
     from mpi4py import MPI
 
     if MPI.COMM_WORLD.size == 1:
         return None
-    mine = {k: v for k, v in vars(args).items() if k != "np"}
+    mine = (_UNPARSED if args is None
+            else {k: v for k, v in vars(args).items() if k != "np"})
     text = json.dumps(mine, sort_keys=True, default=str)
     comm = MPI.COMM_WORLD.Dup()
     try:
@@ -375,6 +388,10 @@ def _agree_args(args) -> str | None:
         every = [json.loads(t) for t in comm.allgather(text)]
     finally:
         comm.Free()
+    bad = [i for i, e in enumerate(every) if e == _UNPARSED]
+    if bad:
+        return (f"rank{'s' if len(bad) > 1 else ''} {', '.join(map(str, bad))} could not "
+                "parse its arguments (the error is printed above)")
     r = next(i for i, c in enumerate(crcs) if c != crcs[0])
     keys = sorted(k for k in set(every[0]) | set(every[r]) if every[0].get(k) != every[r].get(k))
     diff = "; ".join(f"{_option(k)} {json.dumps(every[r].get(k))} where rank 0 has "
@@ -436,14 +453,22 @@ def main(argv=None) -> int:
         args = parser.parse_args(["launch", *head])
         args.program = program
         return _launch(parser, args)
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:
+        # Under MPI a rank that cannot parse its arguments must not leave the
+        # others waiting in the first collective: it says so in the agreement.
+        if not _agreed_command(argv):
+            raise
+        _agree_args(None)
+        return e.code if isinstance(e.code, int) else 2
     if args.command is None:
         parser.print_help()
         return 0
     rc = _relaunch(args, argv)
     if rc is not None:
         return rc
-    if args.command in ("bench", "profile") and not getattr(args, "refit", None) and under_mpi():
+    if _agreed_command(argv):
         msg = _agree_args(args)
         if msg:
             print(f"autotune {args.command}: error: {msg}", file=sys.stderr, flush=True)

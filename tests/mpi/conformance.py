@@ -284,10 +284,10 @@ def distributions() -> list[str]:
 
 
 #: process counts that also run n = LARGE (its cases are most of the suite's time on two
-#: cores, and at P > 4 ranks share a core): powers of two and the smallest non-power of
-#: two; every P runs every size below LARGE.  On the CPU no code path depends on n beyond
+#: cores, and at P > 4 ranks share a core): 1, a power of two and the smallest non-power
+#: of two; every P runs every size below LARGE.  On the CPU no code path depends on n beyond
 #: these sizes (the GPU's multi-block paths do: the GPU stages run LARGE at their P).
-LARGE_AT = (1, 2, 3, 4)
+LARGE_AT = (1, 2, 3)
 
 
 def plan(n: int, dist: str, density: float) -> list[tuple[float, int]]:
