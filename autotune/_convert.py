@@ -53,7 +53,7 @@ def as_array(x):
     mod = type(x).__module__
     if isinstance(x, np.ndarray) or mod.startswith("cupy"):
         kind = "numpy" if isinstance(x, np.ndarray) else "cupy"
-        if x.dtype.name in HALF_DTYPES:
+        if x.dtype.itemsize == 2 and x.dtype.name in HALF_DTYPES:
             return (x.astype(np.float32, order="C"),
                     Adapter(kind, x.shape, x.dtype.name, x.dtype, bool(x.flags.c_contiguous)))
         return x, Adapter(kind, x.shape)

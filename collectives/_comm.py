@@ -11,7 +11,6 @@ bcast), which is also what the paper's Table 1 assumes.
 from __future__ import annotations
 
 import abc
-import contextlib
 import ctypes
 import logging
 import sys
@@ -59,7 +58,10 @@ class Traffic:
     phases: dict[str, PhaseCounters] = field(default_factory=dict)
 
     def __getitem__(self, phase: str) -> PhaseCounters:
-        return self.phases.setdefault(phase, PhaseCounters())
+        c = self.phases.get(phase)
+        if c is None:
+            c = self.phases[phase] = PhaseCounters()
+        return c
 
     def total(self) -> PhaseCounters:
         t = PhaseCounters()
@@ -94,6 +96,47 @@ def _nbytes(buf) -> int:
     return int(buf.nbytes)
 
 
+class _Phase:
+    """``Communicator.phase``'s block: time and traffic go to one phase name."""
+
+    __slots__ = ("comm", "name", "prev", "t0")
+
+    def __init__(self, comm: "Communicator", name: str):
+        self.comm, self.name = comm, name
+
+    def __enter__(self):
+        self.prev, self.comm._phase = self.comm._phase, self.name
+        self.t0 = time.perf_counter()
+
+    def __exit__(self, *exc):
+        comm = self.comm
+        if comm.sync_phases:
+            comm._sync()
+        dt = time.perf_counter() - self.t0
+        comm.traffic[self.name].seconds += dt
+        for cap in comm._captures:
+            cap[self.name].seconds += dt
+        comm._phase = self.prev
+        return False
+
+
+class _Capture:
+    """``Communicator.capture``'s block: yields the Traffic of what runs inside."""
+
+    __slots__ = ("comm", "traffic")
+
+    def __init__(self, comm: "Communicator"):
+        self.comm, self.traffic = comm, Traffic()
+
+    def __enter__(self) -> Traffic:
+        self.comm._captures.append(self.traffic)
+        return self.traffic
+
+    def __exit__(self, *exc):
+        self.comm._captures.pop()  # nested blocks close innermost first
+        return False
+
+
 class Communicator(abc.ABC):
     """Abstract communicator.  Arrays are flat and contiguous.
 
@@ -119,41 +162,25 @@ class Communicator(abc.ABC):
         self.sync_phases = False
 
     # -- accounting -----------------------------------------------------
-    @contextlib.contextmanager
-    def phase(self, name: str):
+    # (on every call's path: plain context-manager objects, no generators)
+    def phase(self, name: str) -> "_Phase":
         """Attribute traffic and time inside the block to ``name``.
 
         Names are ``kind`` or ``kind:detail`` where kind is ``select``,
         ``comm``, ``reduce`` or ``control``.
         """
-        prev, self._phase = self._phase, name
-        t0 = time.perf_counter()
-        try:
-            yield
-        finally:
-            if self.sync_phases:
-                self._sync()
-            dt = time.perf_counter() - t0
-            self.traffic[name].seconds += dt
-            for cap in self._captures:
-                cap[name].seconds += dt
-            self._phase = prev
+        return _Phase(self, name)
 
-    @contextlib.contextmanager
-    def capture(self):
+    def capture(self) -> "_Capture":
         """Yield a Traffic that collects what happens inside the block (on top
         of the running ``traffic``): one call's counters, without copying the
         running totals."""
-        cap = Traffic()
-        self._captures.append(cap)
-        try:
-            yield cap
-        finally:
-            self._captures.pop()  # nested blocks close innermost first
+        return _Capture(self)
 
     def _count(self, sent: int, recv: int, msent: int, mrecv: int) -> None:
-        for t in (self.traffic, *self._captures):
-            c = t[self._phase]
+        name = self._phase
+        for t in (self.traffic, *self._captures) if self._captures else (self.traffic,):
+            c = t[name]
             c.bytes_sent += sent
             c.bytes_recv += recv
             c.msgs_sent += msent
@@ -263,8 +290,15 @@ class Communicator(abc.ABC):
 
     # small control-plane helpers (counts, flags); counted like the rest
     def allgather_ints(self, values) -> np.ndarray:
-        a = np.ascontiguousarray(np.asarray(values, dtype=np.int64))
-        return self.allgather(a)
+        """Host ints from every rank: array (P, len(values)), int64."""
+        a = np.array(values, dtype=np.int64).reshape(-1)
+        out = self._allgather_ints(a)
+        b = 8 * a.size * (self.size - 1)
+        self._count(b, b, self.size - 1, self.size - 1)
+        return out
+
+    def _allgather_ints(self, a):
+        return self._allgather(a)
 
     def alltoall_ints(self, values) -> np.ndarray:
         a = np.ascontiguousarray(np.asarray(values, dtype=np.int64))
@@ -461,6 +495,11 @@ class MPICommunicator(Communicator):
         out = self._empty(sb, (self.size,) + sendbuf.shape, sendbuf.dtype)
         self.comm.Allgather(sb, out)
         return self._like(sendbuf, out)
+
+    def _allgather_ints(self, a):
+        out = np.empty((self.size, a.size), dtype=np.int64)
+        self.comm.Allgather(a, out)
+        return out
 
     def _allgatherv(self, sendbuf, counts):
         sb = self._tx(sendbuf)

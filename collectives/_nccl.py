@@ -159,6 +159,9 @@ class NCCLCommunicator(Communicator):
         self._group(ops)
         return out
 
+    def _allgather_ints(self, a):
+        return self.mpi._allgather_ints(a)
+
     def _alltoall(self, ints):
         return self.mpi._alltoall(ints)  # host control data
 

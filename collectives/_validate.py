@@ -131,27 +131,29 @@ def validate(comm: Communicator, x, *, density: float | None = None, check_finit
         ValueError: any other problem on some rank, or shapes/dtypes/names/
             algorithms/parameters differing.
     """
-    params = dict(params or {})
-    if problem is None:
-        try:
-            check_intervals(**{k: params.get(k) for k in ("tau", "tau_prime")})
-        except ValueError as e:
-            problem = e
-    params = tuple(sorted((k, _comparable(v)) for k, v in params.items() if v is not None))
+    if params:
+        if problem is None:
+            try:
+                check_intervals(tau=params.get("tau"), tau_prime=params.get("tau_prime"))
+            except ValueError as e:
+                problem = e
+        params = tuple(sorted((k, _comparable(v)) for k, v in params.items() if v is not None))
+    else:
+        params = ()
     if problem is not None or x is None:
         code, fp = _PROBLEM, 0
     else:
         code, fp = _signature(x, density, params, tag, source, contiguous, call)
-        if check_finite and not code & (_BAD_DTYPE | _EMPTY):
+        if check_finite:
             if isinstance(x, np.ndarray):
-                if not np.isfinite(x).all():
+                if not code & (_BAD_DTYPE | _EMPTY) and not np.isfinite(x).all():
                     code |= _NONFINITE
-            else:
+            elif not code:  # the kernel reads a contiguous float32/float64 array
                 _device_flags(comm).note(x, tag)
     if comm.size > 1:
         with comm.phase("control:validate"):
-            table = comm.allgather_ints([code, fp])
-        if not table[:, 0].any() and (table[:, 1] == table[0, 1]).all():
+            flat = comm.allgather_ints((code, fp)).ravel().tolist()
+        if not any(flat[0::2]) and flat[1::2].count(fp) == comm.size:
             return
     elif not code:
         return
@@ -279,8 +281,12 @@ class DeviceFlags:
         if mask is None:
             with x.device:
                 mask = self.masks[dev] = cp.zeros(1, dtype=cp.uint64)
-        bit = self.bits.setdefault(tag, min(len(self.bits), 63))
-        _flag_kernel()(x, np.uint64(1 << bit), mask)
+        bit = self.bits.get(tag)
+        if bit is None:
+            bit = self.bits[tag] = min(len(self.bits), 63)
+        n = x.size
+        _flag_kernel(x.dtype)((min(-(-n // 1024), 1024),), (256,),
+                              (x, np.int64(n), np.uint64(1 << bit), mask))
 
     def collect(self) -> int:
         """The OR of every device's mask (a read-back per device), then zeroed."""
@@ -299,16 +305,32 @@ class DeviceFlags:
         return out
 
 
-def _flag_kernel():
-    global _FLAG_KERNEL
-    if _FLAG_KERNEL is None:
-        _FLAG_KERNEL = sys.modules["cupy"].ElementwiseKernel(
-            "T x, uint64 bit", "raw uint64 mask",
-            "if (!isfinite(x)) atomicOr(&mask[0], bit);", "collectives_flag_nonfinite")
-    return _FLAG_KERNEL
+_FLAG_SOURCE = r"""
+template <typename T>
+__global__ void flag_nonfinite(const T* x, long long n, unsigned long long bit,
+                               unsigned long long* mask) {
+    int bad = 0;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x)
+        bad |= !isfinite(x[i]);
+    if (__syncthreads_or(bad) && threadIdx.x == 0) atomicOr(mask, bit);
+}
+"""
+_FLAG_KERNELS: dict = {}
 
 
-_FLAG_KERNEL = None
+def _flag_kernel(dtype):
+    """The flag kernel for float32 or float64 (compiled once): one grid-stride
+    read, one atomic per block that saw a non-finite value."""
+    dtype = np.dtype(dtype)
+    kern = _FLAG_KERNELS.get(dtype)
+    if kern is None:
+        ctype = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}[dtype]
+        name = f"flag_nonfinite<{ctype}>"
+        mod = sys.modules["cupy"].RawModule(code=_FLAG_SOURCE, options=("-std=c++14",),
+                                             name_expressions=(name,))
+        kern = _FLAG_KERNELS[dtype] = mod.get_function(name)
+    return kern
 
 
 def _device_flags(comm: Communicator) -> DeviceFlags:
