@@ -33,6 +33,8 @@ conf)
   "${MPI[@]}" $PY -m tests.mpi.conformance --backend nccl --array torch --quick "${ca[@]}"
   step "conformance MPI + cupy (staged or CUDA-aware), P=$NP"
   "${MPI[@]}" $PY -m tests.mpi.conformance --backend mpi --array cupy --quick "${ca[@]}"
+  step "one bad rank, call cases on device arrays (NCCL + cupy), P=$NP"
+  "${MPI[@]}" $PY -m tests.mpi.one_rank_checks --array cupy | tail -3
   step "half-precision inputs (cupy float16, torch CUDA float16 / bfloat16), NCCL and MPI, P=$NP"
   "${MPI[@]}" $PY -m tests.mpi.half_checks --backend nccl --array gpu
   "${MPI[@]}" $PY -m tests.mpi.half_checks --backend mpi --array gpu

@@ -8,6 +8,8 @@ timeout here.  The CLI's one-rank cases are in tests/test_cli.py.
 """
 import pytest
 
+from support import requires_gpu
+
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("nprocs", [2, 3, 5])
@@ -15,3 +17,12 @@ def test_one_bad_rank(mpirun, nprocs):
     out = mpirun(nprocs, "tests.mpi.one_rank_checks", timeout=240)
     assert f"one_rank P={nprocs}:" in out and "cases passed" in out
     assert "user wildcard receive" in out and "user collective interleaved" in out
+
+
+@pytest.mark.mpi
+@pytest.mark.gpu
+@requires_gpu
+def test_one_bad_rank_on_gpus(mpirun):
+    """The call cases on device arrays through NCCL, at P = 2 (two GPUs)."""
+    out = mpirun(2, "tests.mpi.one_rank_checks", "--array", "cupy", timeout=240)
+    assert "one_rank P=2 on GPUs (NCCL, cupy):" in out and "cases passed" in out

@@ -10,7 +10,13 @@ Also: a user's pending wildcard receive and a user's own nonblocking
 collective, on the caller's communicator, while the library runs every
 algorithm (the library talks on its own duplicate, so neither matches it).
 
-    mpiexec -n 3 python -m tests.mpi.one_rank_checks [--seed S]
+    mpiexec -n 3 python -m tests.mpi.one_rank_checks [--seed S] [--array cupy]
+
+``--array cupy`` (a GPU per rank): the library on NCCL, and the call cases
+(dtype, shape, size, contiguity, NaN/Inf, name, algorithm, parameters) on
+device arrays; a device NaN/Inf is reported by ``autotune.synchronize()``,
+which each such call is followed by (as a training step's end is).  The
+caller's-communicator cases are MPI-only and are left out there.
 """
 import faulthandler
 import sys
@@ -30,6 +36,7 @@ BAD = P - 1
 PROFILES = Path(__file__).resolve().parents[2] / "profiles"
 GOOD, OTHER = str(PROFILES / "cpu_shm_p4.json"), str(PROFILES / "cpu_tcp1gbit_p4.json")
 CASE_TIMEOUT_S = 60
+DEVICE = "--array" in sys.argv and sys.argv[sys.argv.index("--array") + 1] == "cupy"
 SPARSE = sorted(a for a, c in ALGORITHMS.items() if c.lossy and "mpi" in c.backends)
 EXACT = sorted(a for a, c in ALGORITHMS.items() if not c.lossy and "mpi" in c.backends)
 
@@ -53,6 +60,26 @@ def raises_everywhere(fn, *, match: str | None = None):
     return 1
 
 
+def _to_device(t):
+    """A cupy copy of a numpy array (a strided view stays a strided view)."""
+    import cupy as cp
+
+    if not isinstance(t, np.ndarray):
+        return t
+    if t.flags.c_contiguous:
+        return cp.asarray(t)
+    base = cp.asarray(t.base)  # a view of a contiguous array from its start (x[::2])
+    return cp.ndarray(t.shape, t.dtype, base.data, strides=t.strides)
+
+
+def device_call(t, **kw):
+    """``autotune.allreduce`` on a device copy of ``t``, then the end-of-step check."""
+    try:
+        return autotune.allreduce(_to_device(t), **kw)
+    finally:
+        autotune.synchronize()
+
+
 def healthy(rng) -> None:
     """A dense allreduce still gives the exact sum (nothing left in flight)."""
     x = rng.standard_normal(257).astype(np.float64)
@@ -64,7 +91,7 @@ def healthy(rng) -> None:
 
 def cases(rng, tmp: Path):
     x = rng.standard_normal(4096).astype(np.float32)
-    call = autotune.allreduce
+    call = device_call if DEVICE else autotune.allreduce
     yield "dtype int32", lambda: raises_everywhere(
         lambda: call(_bad(x.astype(np.int32), x), algorithm="dense"))
     yield "dtype float64", lambda: raises_everywhere(
@@ -145,7 +172,7 @@ def cases(rng, tmp: Path):
         autotune.init(profile=GOOD if R == 0 else None)
         g = rng.standard_normal(1 << 14).astype(np.float32)
         W.Bcast(g, 0)
-        out = call(g, name="p0", density=0.01)
+        out = autotune.allreduce(g, name="p0", density=0.01)
         picks = W.allgather(autotune.decisions()[("p0", g.shape, "float32", P, "cpu")].algorithm)
         assert len(set(picks)) == 1, picks
         assert len(set(W.allgather(out.tobytes()))) == 1
@@ -210,7 +237,7 @@ def cases(rng, tmp: Path):
             lambda: at.HookState(algorithm=_bad("nope", "oktopk"), density=0.01))
 
     # -- the caller's own traffic on the caller's communicator --------------------------
-    if P > 1:
+    if P > 1 and not DEVICE:
         yield "user wildcard receive", lambda: user_wildcard_receive(rng)
         yield "user collective interleaved", lambda: user_collective(rng)
 
@@ -267,7 +294,12 @@ def main() -> int:
     seed = W.bcast(seed, 0)
     rng = np.random.default_rng([seed, R])
     tmp = Path(W.bcast(tempfile.mkdtemp(prefix="autotune-onerank-") if R == 0 else None, 0))
-    autotune.init(options={})
+    if DEVICE:
+        import collectives
+
+        autotune.init(collectives.NCCLCommunicator(collectives.MPICommunicator()), options={})
+    else:
+        autotune.init(options={})
     total = 0
     try:
         for name, case in cases(rng, tmp):
@@ -290,7 +322,8 @@ def main() -> int:
                 f.unlink()
             tmp.rmdir()
     if R == 0:
-        print(f"one_rank P={P}: {total} cases passed (seed {seed})", flush=True)
+        print(f"one_rank P={P}{' on GPUs (NCCL, cupy)' if DEVICE else ''}: {total} cases "
+              f"passed (seed {seed})", flush=True)
     return 0
 
 
