@@ -6,7 +6,7 @@
 """
 from importlib.metadata import PackageNotFoundError, version as _version
 
-from .dispatch import (algorithm_instance, allreduce, communicator, decisions, init,
+from .dispatch import (algorithm_instance, allreduce, communicator, decisions, forget, init,
                        print_decisions, resolve, synchronize)
 
 try:
@@ -14,5 +14,5 @@ try:
 except PackageNotFoundError:  # running from a source tree
     __version__ = "0.0.0+src"
 
-__all__ = ["__version__", "algorithm_instance", "allreduce", "communicator", "decisions", "init",
-           "print_decisions", "resolve", "synchronize"]
+__all__ = ["__version__", "algorithm_instance", "allreduce", "communicator", "decisions",
+           "forget", "init", "print_decisions", "resolve", "synchronize"]

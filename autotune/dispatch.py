@@ -300,6 +300,32 @@ def synchronize() -> None:
         raise
 
 
+def forget(prefix: str) -> list[str]:
+    """Free the per-tensor state (error-feedback residuals, Ok-Topk's
+    thresholds) of every tensor whose name starts with ``prefix``, e.g. a
+    model's that is rebuilt or discarded; returns the names freed.  Their
+    next calls start afresh, as at their first.  Cached ``auto`` decisions
+    are kept (they hold no memory worth freeing).
+
+    Collective: every rank calls it with the same prefix (checked; every
+    rank raises otherwise), so that all ranks start those tensors afresh at
+    the same call.
+
+    Raises:
+        TypeError: ``prefix`` is not a string (on some rank).
+        ValueError: the prefixes differ across ranks.
+    """
+    comm = communicator()
+    problem = None if isinstance(prefix, str) else TypeError(
+        f"forget needs a name prefix (str), got {prefix!r}")
+    agree(comm, problem, value=prefix, what="forget's prefixes")
+    freed = []
+    for algo in _CTX.algos.values():
+        if isinstance(algo, collectives.SparseAllreduce):
+            freed += algo.forget(prefix)
+    return sorted(freed)
+
+
 def decisions() -> dict:
     """The cached auto decisions: :class:`Key` -> :class:`Choice` (``str()`` of a
     Choice is one readable line; ``print_decisions()`` prints them all)."""

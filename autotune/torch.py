@@ -142,6 +142,12 @@ class HookState:
                              momentum=momentum, density_warmup=density_warmup,
                              tau_prime=tau_prime, tau=tau, learning_rate=learning_rate)
 
+    def close(self) -> list[str]:
+        """Free the library's state for this hook's buckets (``SparseSGD.close``;
+        collective), once the DDP model it is registered on is done with:
+        every rank, after its last backward pass has completed."""
+        return self.sgd.close()
+
 
 def allreduce_hook(state: HookState, bucket) -> torch.futures.Future[torch.Tensor]:
     """DDP communication hook: average each bucket through ``autotune.allreduce``.

@@ -238,16 +238,16 @@ class SparseSGD:
                 self._lr_last = rate
             lr = self._lr_last        # the divisor: positive
             send = send * max(rate, 0.0)   # a new array: the caller's (or velocity) stays
-        before = comm.traffic.total().bytes_sent
         t0 = time.perf_counter()
-        out = dispatch.reduce_array(send, name=name, algorithm=algorithm,
-                                    density=self.current_density, op="mean",
-                                    tau_prime=self.tau_prime, tau=self.tau,
-                                    source=source, contiguous=contiguous)
+        with comm.capture() as moved:
+            out = dispatch.reduce_array(send, name=name, algorithm=algorithm,
+                                        density=self.current_density, op="mean",
+                                        tau_prime=self.tau_prime, tau=self.tau,
+                                        source=source, contiguous=contiguous)
         if lr is not None:
             out = _divide(out, lr, back)
         self.comm_seconds += time.perf_counter() - t0
-        self.bytes_sent += comm.traffic.total().bytes_sent - before
+        self.bytes_sent += moved.total().bytes_sent
         self.last_algorithm = _resolved(algorithm, name)
         if self.momentum and ALGORITHMS[self.last_algorithm].lossy:
             # momentum factor masking: where this rank's accumulated value reached
@@ -280,6 +280,18 @@ class SparseSGD:
         else:
             self.sparse_steps += 1
         self.step += 1
+
+    def close(self) -> list[str]:
+        """Free what this object keeps in the library and in itself: the
+        residuals and thresholds of its tensors (``autotune.forget`` of its
+        prefix), its velocities and flat buffers; returns the tensor names
+        freed.  Collective.  For a model that is discarded or rebuilt in the
+        same process; using the object afterwards starts its tensors afresh."""
+        freed = dispatch.forget(f"{self.prefix}.")
+        self._buffers.clear()
+        self._velocity.clear()
+        self._decided.clear()
+        return freed
 
     # -- a model's gradients -------------------------------------------------------
     def synchronize(self, named_grads: Iterable[tuple[str, object]]) -> None:

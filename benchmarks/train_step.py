@@ -21,9 +21,8 @@ Each variant: a fresh model (same seed on every rank, checked, so DDP's broadcas
 skipped) in a fresh DDP; ``--warmup`` steps, then ``--steps`` timed ones between
 ``torch.cuda.synchronize()`` calls, a step's time being the slowest rank's; ``--rounds``
 passes in alternating order, median/p10/p90 over all of a variant's timed steps; after its
-first round the ranks compare ``autotune.torch.state_digest`` (``identical``).  Hook
-residuals stay in the library between rounds (one name prefix per variant: no API frees
-them).  ``at:auto`` uses ``--profile`` ({network} and {P} are filled in), by default the
+first round the ranks compare ``autotune.torch.state_digest`` (``identical``).  A hook's
+state is freed after each run (``HookState.close``), so every round starts afresh.  ``at:auto`` uses ``--profile`` ({network} and {P} are filled in), by default the
 shipped ``profiles/gpu_<h100|h200>_<network>_p<P>.json`` (none: dense; the JSON says so).
 
 ``run`` launches the ranks per network through ``autotune.launch.mpiexec_argv`` (plus
@@ -218,10 +217,13 @@ def _one_variant(variant, args, dev, batches, *, check: bool, check_init: bool):
                      "measured_ms": c.measured_s and 1e3 * c.measured_s}
             for k, c in autotune.decisions().items()
             if variant == "at:auto" and (k.name or "").startswith(state.sgd.prefix + ".")}
+        state.close()  # the residuals go: the next round's fresh model starts afresh
     del ddp, model, opt, state
     gc.collect()
     if dev.type == "cuda":
         torch.cuda.empty_cache()
+        if "cupy" in sys.modules:
+            sys.modules["cupy"].get_default_memory_pool().free_all_blocks()
     dist.barrier(device_ids=[dev.index] if dev.type == "cuda" else None)
     return t.tolist(), rec
 

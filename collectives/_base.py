@@ -348,6 +348,16 @@ class SparseAllreduce(Algorithm):
     def state(self, name: str) -> SparseState:
         return self.states[name]
 
+    def forget(self, prefix: str) -> list[str]:
+        """Drop the state (residual, thresholds) of every tensor whose name
+        starts with ``prefix``; returns their names.  Local: callers make sure
+        every rank forgets alike (``autotune.forget``), since a tensor's next
+        call starts afresh, as at its first."""
+        gone = [name for name in self.states if str(name).startswith(prefix)]
+        for name in gone:
+            del self.states[name]
+        return gone
+
     def drop_nonfinite_residuals(self) -> list[str]:
         """Zero every residual holding NaN or Inf (after a non-finite input was
         reported); returns the tensors' names."""

@@ -96,6 +96,14 @@ def main() -> int:
             raise AssertionError(f"no error for options {bad} on rank {W.rank}")
     autotune.init(options={})
     assert autotune.algorithm_instance("oktopk").residuals == "contributor"
+    # forget: a prefix's states freed on every rank; those tensors start afresh
+    for name in ("m.a", "m.b", "keep"):
+        autotune.allreduce(g, name=name, algorithm="oktopk", density=0.01)
+    assert autotune.forget("m.") == ["m.a", "m.b"]
+    assert set(autotune.algorithm_instance("oktopk").states) == {"keep"}
+    out = autotune.allreduce(g, name="m.a", algorithm="oktopk", density=0.01)
+    assert len(set(W.allgather(zlib.crc32(out.tobytes())))) == 1
+    assert autotune.algorithm_instance("oktopk").state("m.a").iteration == 1
     if W.rank == 0:
         print("dispatch ok:", {k[0]: c.algorithm for k, c in autotune.decisions().items()})
     return 0

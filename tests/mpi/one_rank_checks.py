@@ -148,6 +148,8 @@ def cases(rng, tmp: Path):
         match="tau_prime")
     yield "tau 1.5", lambda: raises_everywhere(
         lambda: call(x, name="t", algorithm="topka", density=0.01, tau=_bad(1.5, 2)))
+    yield "forget prefix", lambda: raises_everywhere(
+        lambda: autotune.forget(_bad("a.", "b.")), match="differ")
     yield "resolve name", lambda: raises_everywhere(
         lambda: autotune.resolve(x, name=_bad("r1", "r2")), match="name")
 

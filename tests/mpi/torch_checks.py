@@ -149,6 +149,14 @@ def case_ddp() -> int:
         if state is not None:
             check(state.sgd.step == STEPS and state.sgd.sparse_steps == STEPS - 1,
                   f"ddp {algorithm}: step counts {state.sgd.stats()}")
+            freed = state.close()  # the buckets' residuals leave the library
+            lossy = algorithm in SPARSE or algorithm == "auto" and freed
+            check(bool(freed) == bool(lossy) and all(f.startswith(f"ddp.{algorithm}.")
+                                                      for f in freed),
+                  f"ddp {algorithm}: close freed {freed}")
+            check(not any(name.startswith(f"ddp.{algorithm}.") for a in SPARSE
+                          for name in autotune.algorithm_instance(a).states),
+                  f"ddp {algorithm}: states left after close")
         finals[algorithm] = [p.detach().clone() for p in model.parameters()]
         n += 1
     for p, q in zip(finals["default"], finals["dense"]):
