@@ -8,8 +8,12 @@ Every round times each variant once (interleaved, after a host barrier): a call
 of ``autotune.allreduce`` on a cupy array of n float32 values, then a
 synchronize of the current stream.  ``raw`` is ncclAllReduce through the same
 NCCL communicator into a preallocated buffer.  Prints the median per variant
-and size (microseconds).  Where the host time of one variant goes:
-``benchmarks.call_profile``.
+and size (microseconds).  ``--stages ALG``: also one synchronized call of ALG
+split into its host stages (the input's view, validation, the algorithm's
+enqueue, the wait for the device), and the two pieces validation adds to a
+raw ncclAllReduce (its host exchange of two ints, its device NaN/Inf scan),
+each timed alone in the same rounds.  Where the host time of one variant
+goes, function by function: ``benchmarks.call_profile``.
 """
 import argparse
 import json
@@ -29,6 +33,7 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--profile", help="profile for algorithm 'auto'")
     ap.add_argument("--json", help="write the medians here")
+    ap.add_argument("--stages", metavar="ALG", help="also split one call of ALG into stages")
     args = ap.parse_args(argv)
 
     import cupy as cp
@@ -65,10 +70,15 @@ def main(argv=None) -> int:
                 if r >= args.warmup:
                     times[a].append(time.perf_counter() - t0)
         med = {a: float(np.median(t)) * 1e6 for a, t in times.items()}
+        if args.stages:
+            med["stages"] = _stages(comm, x, out, args, stream)
         results[lg] = med
         if "auto" in algos and comm.rank == 0:
             picks = {k.name: c.algorithm for k, c in autotune.decisions().items()}
             med["auto_pick"] = picks.get(f"g{n}")
+        if comm.rank == 0 and args.stages:
+            print(f"n=2^{lg} {args.stages} stages: "
+                  + "  ".join(f"{k} {v:.1f}" for k, v in med["stages"].items()), flush=True)
         if comm.rank == 0:
             print(f"n=2^{lg}: " + "  ".join(f"{a} {med[a]:.0f}" for a in algos)
                   + (f"  (auto picks {med.get('auto_pick')})" if "auto" in algos else "")
@@ -78,6 +88,55 @@ def main(argv=None) -> int:
         with open(args.json, "w") as f:
             json.dump({"P": comm.size, "density": args.density, "us": results}, f, indent=1)
     return 0
+
+
+def _stages(comm, x, out, args, stream) -> dict:
+    """Median us of each host stage of one synchronized call of ``args.stages``
+    (what ``autotune.allreduce`` does, step by step), and of a raw
+    ncclAllReduce preceded by validation's exchange, or by its NaN/Inf scan."""
+    import autotune
+    from autotune._convert import as_array
+    from collectives import validate
+    from collectives._validate import _device_flags
+
+    alg = args.stages
+    algo = autotune.algorithm_instance(alg)
+    kw = {"density": args.density} if algo.lossy else {}
+    flags = _device_flags(comm)
+    mine = np.zeros(2, np.int64)
+    every = np.zeros(2 * comm.size, np.int64)
+
+    def raw():
+        comm.nccl.allReduce(x.data.ptr, out.data.ptr, x.size, comm._t(x), comm._ops["sum"],
+                            stream.ptr)
+
+    pieces = {"exchange+raw": lambda: (comm.mpi.comm.Allgather(mine, every), raw()),
+              "scan+raw": lambda: (flags.note(x, "stages"), raw())}
+    rows = []
+    for r in range(args.warmup + args.rounds):
+        row = []
+        comm.mpi.barrier()
+        t0 = time.perf_counter()
+        arr, _ = as_array(x)
+        t1 = time.perf_counter()
+        validate(comm, arr, density=kw.get("density"), tag="str:stages", call=f"{alg}/sum")
+        t2 = time.perf_counter()
+        algo(arr, name="stages", validated=True, **kw)
+        t3 = time.perf_counter()
+        stream.synchronize()
+        t4 = time.perf_counter()
+        row += [t1 - t0, t2 - t1, t3 - t2, t4 - t3, t4 - t0]
+        for f in pieces.values():
+            comm.mpi.barrier()
+            t0 = time.perf_counter()
+            f()
+            stream.synchronize()
+            row.append(time.perf_counter() - t0)
+        if r >= args.warmup:
+            rows.append(row)
+    med = np.median(np.array(rows), axis=0) * 1e6
+    names = ["view", "validate", "enqueue", "wait", "total", *pieces]
+    return {k: float(v) for k, v in zip(names, med)}
 
 
 if __name__ == "__main__":
