@@ -44,7 +44,7 @@ import zlib
 import numpy as np
 import torch
 
-from collectives import ALGORITHMS, agree
+from collectives import agree
 
 from . import dispatch
 from .training import SparseSGD
@@ -131,7 +131,7 @@ class HookState:
     statistics: steps, bytes sent, seconds in communication).
     """
 
-    __slots__ = ("sgd", "inline", "_ordered", "_ordered_last")
+    __slots__ = ("sgd",)
 
     def __init__(self, *, algorithm: str = "auto", density: float | None = None,
                  warmup_steps: int = 1, prefix: str = "ddp", momentum: float = 0.0,
@@ -141,20 +141,6 @@ class HookState:
                              warmup_steps=warmup_steps, flat=True, prefix=prefix,
                              momentum=momentum, density_warmup=density_warmup,
                              tau_prime=tau_prime, tau=tau, learning_rate=learning_rate)
-        self.inline = False          # this step's buckets reduced on DDP's thread
-        self._ordered = True         # every bucket so far this step: stream-ordered
-        self._ordered_last = False   # ... and over the whole previous step
-
-    def _step_inline(self) -> bool:
-        """At a step's first bucket: reduce this step's buckets on the calling
-        thread (every call only enqueues device work) or on the background
-        thread (some algorithm reads device data on the host)."""
-        algorithm = self.sgd.current_algorithm
-        if dispatch.communicator().backend != "nccl":
-            return False
-        if algorithm == "auto":  # the previous step's picks (cached per bucket) decide
-            return self._ordered_last
-        return ALGORITHMS[algorithm].stream_ordered
 
     def close(self) -> list[str]:
         """Free the library's state for this hook's buckets (``SparseSGD.close``;
@@ -174,14 +160,10 @@ def allreduce_hook(state: HookState, bucket) -> torch.futures.Future[torch.Tenso
     first iteration, a bucket whose parameters changed starts fresh state
     instead of adding the old state to other coordinates.
 
-    Asynchronous: the reduction runs on a CUDA stream of the library's own
-    that first waits for the gradients' stream, so the backward pass goes on
-    while buckets are reduced.  Where every call of a step only enqueues
-    device work (``stream_ordered`` algorithms: ``nccl``, ``dense``; ``auto``
-    once the previous step's picks all were) it is enqueued on the calling
-    thread, as torch's own NCCL allreduce is; otherwise (a sparse algorithm
-    reads counts on the host) on the library's one background thread, buckets
-    in the order DDP hands them over.  A step's buckets all go one way.  The returned future
+    Asynchronous: the reduction runs on the library's one background thread
+    (buckets in the order DDP hands them over, the same on every rank), on a
+    CUDA stream of its own that first waits for the gradients' stream, so the
+    backward pass goes on while buckets are reduced.  The returned future
     holds the bucket's buffer, overwritten by the average; on CUDA it is
     stream-ordered (DDP's wait makes its stream wait for the reduction, not
     the host).  An error is raised by DDP's wait at the end of backward, on
@@ -196,20 +178,13 @@ def allreduce_hook(state: HookState, bucket) -> torch.futures.Future[torch.Tenso
     layout = zlib.crc32(repr([tuple(p.shape) for p in bucket.parameters()]).encode())
     name = f"bucket{bucket.index()}.n{buf.numel()}.{layout:08x}"
     last = bucket.is_last()
-    if not buf.is_cuda:
-        fut = torch.futures.Future()
-        _worker().submit(lambda: _reduce_bucket(state, buf, name, last, None, fut))
-        return fut
-    if bucket.index() == 0:  # one thread per step: never two issuing collectives at once
-        state.inline = state._step_inline()
-        state._ordered = True
-    ready = torch.cuda.Event()
-    ready.record()
-    fut = torch.futures.Future(devices=[buf.device])
-    if state.inline:
-        _reduce_bucket(state, buf, name, last, ready, fut)
+    if buf.is_cuda:
+        ready = torch.cuda.Event()
+        ready.record()
+        fut = torch.futures.Future(devices=[buf.device])
     else:
-        _worker().submit(lambda: _reduce_bucket(state, buf, name, last, ready, fut))
+        ready, fut = None, torch.futures.Future()
+    _worker().submit(lambda: _reduce_bucket(state, buf, name, last, ready, fut))
     return fut
 
 
@@ -234,9 +209,7 @@ def _reduce_bucket(state: HookState, buf, name: str, last: bool, ready, fut) -> 
 
 def _reduce_into(state: HookState, buf, name: str, last: bool) -> None:
     buf.copy_(state.sgd.allreduce(buf, name))
-    state._ordered = state._ordered and ALGORITHMS[state.sgd.last_algorithm].stream_ordered
-    if last:  # a warm-up step (dense) says nothing of what auto picks
-        state._ordered_last = state._ordered and state.sgd.current_algorithm == state.sgd.algorithm
+    if last:
         state.sgd.advance()
 
 

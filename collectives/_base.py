@@ -186,10 +186,6 @@ class Algorithm(abc.ABC):
     name: ClassVar[str]
     lossy: ClassVar[bool] = False
     backends: ClassVar[tuple[str, ...]] = ("mpi", "nccl")
-    #: on the NCCL backend a call only enqueues device work: no host read of
-    #: device data (the validation's small host exchange aside), so a caller
-    #: may run it on a thread that must not wait for the device
-    stream_ordered: ClassVar[bool] = False
 
     @classmethod
     def supports(cls, comm: Communicator) -> bool:

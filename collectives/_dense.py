@@ -101,7 +101,6 @@ class Dense(Algorithm):
     """Exact dense allreduce by Rabenseifner's algorithm (any P, any n)."""
 
     name = "dense"
-    stream_ordered = True
 
     def _call(self, x, *, name, density, **kw):
         return rabenseifner(self.comm, x, lambda size: self.scratch(x, size))
@@ -169,7 +168,6 @@ class NativeNCCL(NativeMPI):
 
     name = "nccl"
     backends = ("nccl",)
-    stream_ordered = True
 
     def _call(self, x, *, name, density, **kw):
         with self.comm.phase("comm:allreduce"):
