@@ -270,7 +270,7 @@ def bench(argv) -> int:
                   "vs_ddp": med[v] / med["ddp"] if "ddp" in med else None,
                   **recs[v], "step_ms": [round(float(x), 3) for x in ms]}
     result = {"benchmark": "train_step", "network": args.network, "P": P,
-              "date": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": sys.argv[1:],
+              "date": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": [os.path.basename(a) if a.startswith("/") else a for a in sys.argv[1:]],
               "machine": _machine(comm, dev), "params": params,
               "config": {k: v for k, v in vars(args).items() if k not in ("out", "network")},
               "profile": profile, "profile_note": None if profile else "none: at:auto is dense",
