@@ -356,28 +356,24 @@ def _option(key: str) -> str:
     return "the command" if key == "command" else "--" + key.replace("_", "-")
 
 
-_UNPARSED = {"unparsed": True}
-
-
 def _agreed_command(argv: list[str]) -> bool:
-    """Whether this command's ranks agree on their arguments before running:
-    the MPI commands (bench, profile) under a launcher, except `profile
-    --refit`, which runs no MPI."""
-    return (bool(argv) and argv[0] in ("bench", "profile") and under_mpi()
-            and not any(a == "--refit" or a.startswith("--refit=") for a in argv))
+    """Whether the ranks agree on their arguments before running: every
+    command under a launcher but ``launch`` (which starts its own job), so
+    that no rank runs a collective command while another has left."""
+    return under_mpi() and not (argv and argv[0] == "launch")
 
 
-def _agree_args(args) -> str | None:
+def _agree_args(args, exit_code: int = 2) -> str | None:
     """Under MPI with more than one rank: None when every rank parsed the same
     arguments, else one message, the same on every rank.  ``args`` None: this
-    rank could not parse its own (it has printed why).  Collective (an
-    allgather of a CRC on a duplicate of COMM_WORLD; the arguments themselves
-    only on a mismatch)."""
+    rank stopped while parsing (``exit_code``: 0 after printing help or the
+    version, else it printed its error).  Collective (an allgather of a CRC on
+    a duplicate of COMM_WORLD; the arguments themselves only on a mismatch)."""
     from mpi4py import MPI
 
     if MPI.COMM_WORLD.size == 1:
         return None
-    mine = (_UNPARSED if args is None
+    mine = ({"unparsed": exit_code} if args is None
             else {k: v for k, v in vars(args).items() if k != "np"})
     text = json.dumps(mine, sort_keys=True, default=str)
     comm = MPI.COMM_WORLD.Dup()
@@ -388,12 +384,15 @@ def _agree_args(args) -> str | None:
         every = [json.loads(t) for t in comm.allgather(text)]
     finally:
         comm.Free()
-    bad = [i for i, e in enumerate(every) if e == _UNPARSED]
-    if bad:
-        return (f"rank{'s' if len(bad) > 1 else ''} {', '.join(map(str, bad))} could not "
-                "parse its arguments (the error is printed above)")
+    stopped = [(i, e["unparsed"]) for i, e in enumerate(every) if "unparsed" in e]
+    if stopped:
+        failed = [i for i, c in stopped if c]
+        ranks = ", ".join(map(str, failed or [i for i, _ in stopped]))
+        return (f"rank(s) {ranks} could not parse their arguments (the error is printed above)"
+                if failed else f"rank(s) {ranks} printed help or the version and stopped")
     r = next(i for i, c in enumerate(crcs) if c != crcs[0])
-    keys = sorted(k for k in set(every[0]) | set(every[r]) if every[0].get(k) != every[r].get(k))
+    keys = sorted((k for k in set(every[0]) | set(every[r]) if every[0].get(k) != every[r].get(k)),
+                  key=lambda k: (k != "command", k))
     diff = "; ".join(f"{_option(k)} {json.dumps(every[r].get(k))} where rank 0 has "
                      f"{json.dumps(every[0].get(k))}" for k in keys[:3])
     return (f"every rank must be started with the same arguments, but rank {r} has {diff}"
@@ -453,26 +452,29 @@ def main(argv=None) -> int:
         args = parser.parse_args(["launch", *head])
         args.program = program
         return _launch(parser, args)
+    agreed = _agreed_command(argv)
     try:
         args = parser.parse_args(argv)
     except SystemExit as e:
-        # Under MPI a rank that cannot parse its arguments must not leave the
-        # others waiting in the first collective: it says so in the agreement.
-        if not _agreed_command(argv):
+        # Under MPI a rank that cannot parse its arguments (or printed help)
+        # must not leave the others waiting in the agreement: it joins it.
+        if not agreed:
             raise
-        _agree_args(None)
-        return e.code if isinstance(e.code, int) else 2
+        code = e.code if isinstance(e.code, int) else 2
+        _agree_args(None, code)
+        return code
+    if agreed:
+        msg = _agree_args(args)
+        if msg:
+            print(f"autotune {args.command or ''}: error: {msg}".replace("  ", " "),
+                  file=sys.stderr, flush=True)
+            return 2
     if args.command is None:
         parser.print_help()
         return 0
     rc = _relaunch(args, argv)
     if rc is not None:
         return rc
-    if _agreed_command(argv):
-        msg = _agree_args(args)
-        if msg:
-            print(f"autotune {args.command}: error: {msg}", file=sys.stderr, flush=True)
-            return 2
     if args.command == "bench":
         from . import bench
 

@@ -315,14 +315,25 @@ def forget(prefix: str) -> list[str]:
         TypeError: ``prefix`` is not a string (on some rank).
         ValueError: the prefixes differ across ranks.
     """
-    comm = communicator()
     problem = None if isinstance(prefix, str) else TypeError(
         f"forget needs a name prefix (str), got {prefix!r}")
-    agree(comm, problem, value=prefix, what="forget's prefixes")
-    freed = []
-    for algo in _CTX.algos.values():
+    return _forget(prefix, problem, "forget's prefixes")
+
+
+def forget_names(names) -> list[str]:
+    """:func:`forget` for exactly these tensor names (``SparseSGD.close``).
+    Collective; the names must agree across ranks (checked)."""
+    names = set(names)
+    return _forget(names, None, "the names to forget", value=sorted(map(str, names)))
+
+
+def _forget(which, problem, what, value=None) -> list[str]:
+    comm = communicator()
+    agree(comm, problem, value=which if value is None else value, what=what)
+    freed = set()
+    for algo in list(_CTX.algos.values()):
         if isinstance(algo, collectives.SparseAllreduce):
-            freed += algo.forget(prefix)
+            freed.update(algo.forget(which))
     return sorted(freed)
 
 

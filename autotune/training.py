@@ -143,7 +143,7 @@ class SparseSGD:
         "algorithm", "density", "warmup_steps", "density_warmup", "flat", "momentum",
         "tau_prime", "tau", "learning_rate",
         # internal
-        "prefix", "step", "_lr_last", "_buffers", "_velocity", "_decided",
+        "prefix", "step", "_lr_last", "_buffers", "_velocity", "_decided", "_names",
         # statistics
         "dense_steps", "sparse_steps", "comm_seconds", "bytes_sent", "last_algorithm",
     )
@@ -175,6 +175,7 @@ class SparseSGD:
         self._buffers: dict = {}
         self._velocity: dict = {}
         self._decided: set = set()
+        self._names: set = set()   # every tensor name this object reduced (close frees them)
         self.dense_steps = 0
         self.sparse_steps = 0
         self.comm_seconds = 0.0
@@ -238,6 +239,7 @@ class SparseSGD:
                 self._lr_last = rate
             lr = self._lr_last        # the divisor: positive
             send = send * max(rate, 0.0)   # a new array: the caller's (or velocity) stays
+        self._names.add(name)
         t0 = time.perf_counter()
         with comm.capture() as moved:
             out = dispatch.reduce_array(send, name=name, algorithm=algorithm,
@@ -283,14 +285,17 @@ class SparseSGD:
 
     def close(self) -> list[str]:
         """Free what this object keeps in the library and in itself: the
-        residuals and thresholds of its tensors (``autotune.forget`` of its
-        prefix), its velocities and flat buffers; returns the tensor names
-        freed.  Collective.  For a model that is discarded or rebuilt in the
-        same process; using the object afterwards starts its tensors afresh."""
-        freed = dispatch.forget(f"{self.prefix}.")
+        residuals and thresholds of the tensors it reduced (exactly those:
+        another object's, even under the same prefix, stay), its velocities
+        and flat buffers; returns the tensor names freed.  Collective.  For a
+        model that is discarded or rebuilt in the same process; using the
+        object afterwards starts afresh, warm-up included (``step`` is 0)."""
+        freed = dispatch.forget_names(self._names)
+        self._names.clear()
         self._buffers.clear()
         self._velocity.clear()
         self._decided.clear()
+        self.step = 0
         return freed
 
     # -- a model's gradients -------------------------------------------------------

@@ -35,6 +35,12 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="write the medians here")
     ap.add_argument("--stages", metavar="ALG", help="also split one call of ALG into stages")
     args = ap.parse_args(argv)
+    if args.stages:
+        from collectives import ALGORITHMS
+
+        if args.stages not in ALGORITHMS:
+            ap.error(f"--stages: a registered algorithm ({', '.join(ALGORITHMS)}), "
+                     f"got {args.stages!r}")
 
     import cupy as cp
 

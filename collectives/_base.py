@@ -348,12 +348,16 @@ class SparseAllreduce(Algorithm):
     def state(self, name: str) -> SparseState:
         return self.states[name]
 
-    def forget(self, prefix: str) -> list[str]:
+    def forget(self, which) -> list[str]:
         """Drop the state (residual, thresholds) of every tensor whose name
-        starts with ``prefix``; returns their names.  Local: callers make sure
-        every rank forgets alike (``autotune.forget``), since a tensor's next
-        call starts afresh, as at its first."""
-        gone = [name for name in self.states if str(name).startswith(prefix)]
+        starts with ``which`` (a str), or is in ``which`` (a set of names);
+        returns their names.  Local: callers make sure every rank forgets
+        alike (``autotune.forget``), since a tensor's next call starts afresh,
+        as at its first."""
+        if isinstance(which, str):
+            gone = [name for name in list(self.states) if str(name).startswith(which)]
+        else:
+            gone = [name for name in list(self.states) if name in which]
         for name in gone:
             del self.states[name]
         return gone

@@ -110,13 +110,15 @@ class _Phase:
 
     def __exit__(self, *exc):
         comm = self.comm
-        if comm.sync_phases:
-            comm._sync()
-        dt = time.perf_counter() - self.t0
-        comm.traffic[self.name].seconds += dt
-        for cap in comm._captures:
-            cap[self.name].seconds += dt
-        comm._phase = self.prev
+        try:
+            if comm.sync_phases:
+                comm._sync()
+        finally:
+            dt = time.perf_counter() - self.t0
+            comm.traffic[self.name].seconds += dt
+            for cap in comm._captures:
+                cap[self.name].seconds += dt
+            comm._phase = self.prev
         return False
 
 

@@ -148,7 +148,7 @@ def validate(comm: Communicator, x, *, density: float | None = None, check_finit
             if isinstance(x, np.ndarray):
                 if not code & (_BAD_DTYPE | _EMPTY) and not np.isfinite(x).all():
                     code |= _NONFINITE
-            elif not code:  # the kernel reads a contiguous float32/float64 array
+            elif not code and x.flags.c_contiguous:  # the kernel reads a flat float array
                 _device_flags(comm).note(x, tag)
     if comm.size > 1:
         with comm.phase("control:validate"):
@@ -285,8 +285,12 @@ class DeviceFlags:
         if bit is None:
             bit = self.bits[tag] = min(len(self.bits), 63)
         n = x.size
-        _flag_kernel(x.dtype)((min(-(-n // 1024), 1024),), (256,),
-                              (x, np.int64(n), np.uint64(1 << bit), mask))
+        args = ((min(-(-n // 1024), 1024),), (256,), (x, np.int64(n), np.uint64(1 << bit), mask))
+        if dev == cp.cuda.runtime.getDevice():
+            _flag_kernel(x.dtype)(*args)
+        else:  # launched on the array's own device, never with another's pointer
+            with x.device:
+                _flag_kernel(x.dtype)(*args)
 
     def collect(self) -> int:
         """The OR of every device's mask (a read-back per device), then zeroed."""

@@ -36,14 +36,16 @@ def bench_tool(*args: str, timeout: float = 300) -> tuple[int, str]:
     return p.returncode, p.stdout + p.stderr
 
 
-def _has_gpu() -> bool:
+def _gpus() -> int:
     try:
         import cupy
 
-        return cupy.cuda.runtime.getDeviceCount() > 0
+        return cupy.cuda.runtime.getDeviceCount()
     except Exception:
-        return False
+        return 0
 
 
-HAS_GPU = _has_gpu()
+GPUS = _gpus()
+HAS_GPU = GPUS > 0
 requires_gpu = pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU and cupy")
+requires_2_gpus = pytest.mark.skipif(GPUS < 2, reason="needs two CUDA GPUs and cupy (NCCL, P = 2)")

@@ -356,6 +356,14 @@ def test_ranks_with_different_arguments_all_fail_alike():
 
 
 @pytest.mark.mpi
+def test_a_different_command_on_one_rank_does_not_hang():
+    cmd = mpmd_argv([(1, BENCH + ["--log2n", "10"]),
+                     (1, [sys.executable, "-m", "autotune.cli", "--version"])])
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert p.returncode != 0 and "rank(s) 1 printed help or the version" in p.stderr, p.stderr
+
+
+@pytest.mark.mpi
 def test_a_bad_value_on_one_rank_does_not_hang():
     cmd = mpmd_argv([(1, BENCH + ["--log2n", "10"]), (1, BENCH + ["--log2n", "10",
                                                                    "--density", "0"])])

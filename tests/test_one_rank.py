@@ -8,7 +8,7 @@ timeout here.  The CLI's one-rank cases are in tests/test_cli.py.
 """
 import pytest
 
-from support import requires_gpu
+from support import requires_2_gpus
 
 
 @pytest.mark.mpi
@@ -21,7 +21,7 @@ def test_one_bad_rank(mpirun, nprocs):
 
 @pytest.mark.mpi
 @pytest.mark.gpu
-@requires_gpu
+@requires_2_gpus
 def test_one_bad_rank_on_gpus(mpirun):
     """The call cases on device arrays through NCCL, at P = 2 (two GPUs)."""
     out = mpirun(2, "tests.mpi.one_rank_checks", "--array", "cupy", timeout=240)

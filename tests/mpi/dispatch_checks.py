@@ -104,6 +104,13 @@ def main() -> int:
     out = autotune.allreduce(g, name="m.a", algorithm="oktopk", density=0.01)
     assert len(set(W.allgather(zlib.crc32(out.tobytes())))) == 1
     assert autotune.algorithm_instance("oktopk").state("m.a").iteration == 1
+    # close frees exactly the tensors its object reduced, not another's under the same prefix
+    a = SparseSGD(algorithm="oktopk", density=0.01, flat=False, prefix="same")
+    b = SparseSGD(algorithm="oktopk", density=0.01, flat=False, prefix="same")
+    a.synchronize([("w", g.copy())])
+    b.synchronize([("v", g.copy())])
+    assert a.close() == ["same.w"] and a.step == 0
+    assert "same.v" in autotune.algorithm_instance("oktopk").states
     if W.rank == 0:
         print("dispatch ok:", {k[0]: c.algorithm for k, c in autotune.decisions().items()})
     return 0

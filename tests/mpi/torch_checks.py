@@ -149,8 +149,10 @@ def case_ddp() -> int:
         if state is not None:
             check(state.sgd.step == STEPS and state.sgd.sparse_steps == STEPS - 1,
                   f"ddp {algorithm}: step counts {state.sgd.stats()}")
+            picks = {c.algorithm for k, c in autotune.decisions().items()
+                     if (k.name or "").startswith(f"ddp.{algorithm}.")}
+            lossy = algorithm in SPARSE or any(ALGORITHMS[a].lossy for a in picks)
             freed = state.close()  # the buckets' residuals leave the library
-            lossy = algorithm in SPARSE or algorithm == "auto" and freed
             check(bool(freed) == bool(lossy) and all(f.startswith(f"ddp.{algorithm}.")
                                                       for f in freed),
                   f"ddp {algorithm}: close freed {freed}")
