@@ -173,7 +173,8 @@ def test_reused_threshold_settles_on_steep_tails(slope, adaptive):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("nprocs", [1, 2, 3, 4, 5, 8])
+# P = 4 left out for CI time: 2 and 8 are the powers of two, 3 and 5 the others
+@pytest.mark.parametrize("nprocs", [1, 2, 3, 5, 8])
 def test_oktopk_mpi_checks(mpirun, nprocs):
     out = mpirun(nprocs, "tests.mpi.oktopk_checks", timeout=600)
     assert f"oktopk checks P={nprocs}: all passed" in out
