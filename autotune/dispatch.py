@@ -317,19 +317,20 @@ def forget(prefix: str) -> list[str]:
     """
     problem = None if isinstance(prefix, str) else TypeError(
         f"forget needs a name prefix (str), got {prefix!r}")
-    return _forget(prefix, problem, "forget's prefixes")
+    return _forget(prefix, prefix, problem, "forget's prefixes")
 
 
 def forget_names(names) -> list[str]:
     """:func:`forget` for exactly these tensor names (``SparseSGD.close``).
     Collective; the names must agree across ranks (checked)."""
     names = set(names)
-    return _forget(names, None, "the names to forget", value=sorted(map(str, names)))
+    return _forget(names, sorted(map(str, names)), None, "the names to forget")
 
 
-def _forget(which, problem, what, value=None) -> list[str]:
-    comm = communicator()
-    agree(comm, problem, value=which if value is None else value, what=what)
+def _forget(which, agreed, problem, what) -> list[str]:
+    """Drop ``which`` (a prefix or a set of names) from every sparse algorithm,
+    once ``agreed`` (its canonical form) agrees across ranks."""
+    agree(communicator(), problem, value=agreed, what=what)
     freed = set()
     for algo in list(_CTX.algos.values()):
         if isinstance(algo, collectives.SparseAllreduce):

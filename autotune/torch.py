@@ -34,12 +34,12 @@ dtype (``autotune._convert``).
 # no ``from __future__ import annotations``: DDP checks the hook's return
 # annotation against the real torch.futures.Future[torch.Tensor] object
 import atexit
+import functools
 import hashlib
 import os
-import queue
 import socket
-import threading
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -184,7 +184,7 @@ def allreduce_hook(state: HookState, bucket) -> torch.futures.Future[torch.Tenso
         fut = torch.futures.Future(devices=[buf.device])
     else:
         ready, fut = None, torch.futures.Future()
-    _worker().submit(lambda: _reduce_bucket(state, buf, name, last, ready, fut))
+    _worker().submit(_reduce_bucket, state, buf, name, last, ready, fut)
     return fut
 
 
@@ -213,41 +213,17 @@ def _reduce_into(state: HookState, buf, name: str, last: bool) -> None:
         state.sgd.advance()
 
 
-_STREAMS: dict = {}
+@functools.cache
+def _stream(device) -> "torch.cuda.Stream":
+    """The library's CUDA stream on ``device``: reductions run there."""
+    return torch.cuda.Stream(device=device)
 
 
-def _stream(device):
-    s = _STREAMS.get(device)
-    if s is None:
-        s = _STREAMS[device] = torch.cuda.Stream(device=device)
-    return s
-
-
-class _Worker:
-    """One background thread that runs submitted jobs in order (so every
-    rank issues its collectives in the order the jobs were submitted)."""
-
-    def __init__(self):
-        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self.thread = threading.Thread(target=self._run, name="autotune-hook", daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        while True:
-            self.jobs.get()()
-
-    def submit(self, job) -> None:
-        self.jobs.put(job)
-
-
-_WORKER: _Worker | None = None
-
-
-def _worker() -> _Worker:
-    global _WORKER
-    if _WORKER is None:
-        _WORKER = _Worker()
-    return _WORKER
+@functools.cache
+def _worker() -> ThreadPoolExecutor:
+    """The one background thread: jobs run in the order they are submitted, so
+    every rank issues its collectives in the order DDP hands buckets over."""
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="autotune-hook")
 
 
 # -- Horovod-style optimizer -------------------------------------------------------------

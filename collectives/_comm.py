@@ -181,7 +181,7 @@ class Communicator(abc.ABC):
 
     def _count(self, sent: int, recv: int, msent: int, mrecv: int) -> None:
         name = self._phase
-        for t in (self.traffic, *self._captures) if self._captures else (self.traffic,):
+        for t in (self.traffic, *self._captures):
             c = t[name]
             c.bytes_sent += sent
             c.bytes_recv += recv
@@ -217,9 +217,13 @@ class Communicator(abc.ABC):
     def allgather(self, sendbuf):
         """Gather equal-sized blocks: returns array of shape (P, *sendbuf.shape)."""
         out = self._allgather(sendbuf)
-        b = _nbytes(sendbuf)
-        self._count(b * (self.size - 1), b * (self.size - 1), self.size - 1, self.size - 1)
+        self._count_allgather(_nbytes(sendbuf))
         return out
+
+    def _count_allgather(self, b: int) -> None:
+        """A ring allgather of b bytes per rank: b to each of the P-1 others, from each."""
+        p = self.size - 1
+        self._count(b * p, b * p, p, p)
 
     def allgatherv(self, sendbuf, counts=None):
         """Gather blocks of varying length; returns (concatenation, counts).
@@ -295,8 +299,7 @@ class Communicator(abc.ABC):
         """Host ints from every rank: array (P, len(values)), int64."""
         a = np.array(values, dtype=np.int64).reshape(-1)
         out = self._allgather_ints(a)
-        b = 8 * a.size * (self.size - 1)
-        self._count(b, b, self.size - 1, self.size - 1)
+        self._count_allgather(a.nbytes)
         return out
 
     def _allgather_ints(self, a):

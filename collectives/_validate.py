@@ -18,10 +18,11 @@ options).
 """
 from __future__ import annotations
 
-import sys
 import zlib
 
 import numpy as np
+
+import kernels
 
 from ._comm import Communicator
 
@@ -150,14 +151,18 @@ def validate(comm: Communicator, x, *, density: float | None = None, check_finit
                     code |= _NONFINITE
             elif not code and x.flags.c_contiguous:  # the kernel reads a flat float array
                 _device_flags(comm).note(x, tag)
-    if comm.size > 1:
-        with comm.phase("control:validate"):
-            flat = comm.allgather_ints((code, fp)).ravel().tolist()
-        if not any(flat[0::2]) and flat[1::2].count(fp) == comm.size:
-            return
-    elif not code:
+    flat = _exchange(comm, (code, fp)).ravel().tolist()
+    if not any(flat[0::2]) and flat[1::2].count(fp) == comm.size:
         return
     _explain(comm, x, code, density, params, tag, source, call, problem)
+
+
+def _exchange(comm: Communicator, mine) -> np.ndarray:
+    """Every rank's ``mine`` (ints): the (P, len(mine)) table of this module's checks."""
+    if comm.size == 1:
+        return np.asarray([mine], dtype=np.int64)
+    with comm.phase("control:validate"):
+        return comm.allgather_ints(mine)
 
 
 _SIGNATURES: dict = {}
@@ -190,13 +195,8 @@ def _explain(comm, x, code, density, params, tag, source, call, problem) -> None
         x = _Missing()
     shown = source or str(np.dtype(x.dtype))
     param_hash = _crc(repr((_comparable(density), *params)))
-    mine = [code, int(x.size), _crc(shown), _crc(repr(tuple(x.shape))), _crc(tag), param_hash,
-            _crc(call)]
-    if comm.size > 1:
-        with comm.phase("control:validate"):
-            table = comm.allgather_ints(mine)
-    else:
-        table = np.asarray([mine], dtype=np.int64)
+    table = _exchange(comm, [code, int(x.size), _crc(shown), _crc(repr(tuple(x.shape))),
+                             _crc(tag), param_hash, _crc(call)])
     codes = table[:, 0]
     if codes.any():
         _raise_problem(comm, table, problem)
@@ -231,12 +231,7 @@ def agree(comm: Communicator, problem: BaseException | None = None, *, value=Non
     saying ``what`` differs and on which ranks.  Collective: one allgather
     of two ints (plus one broadcast on the error path).
     """
-    mine = [_PROBLEM if problem is not None else 0, _crc(repr(value))]
-    if comm.size > 1:
-        with comm.phase("control:validate"):
-            table = comm.allgather_ints(mine)
-    else:
-        table = np.asarray([mine], dtype=np.int64)
+    table = _exchange(comm, [_PROBLEM if problem is not None else 0, _crc(repr(value))])
     _raise_problem(comm, table, problem)
     differ = [int(r) for r in np.flatnonzero(table[:, 1] != table[0, 1])]
     if differ:
@@ -275,22 +270,15 @@ class DeviceFlags:
         self.bits: dict = {}
 
     def note(self, x, tag: str) -> None:
-        cp = sys.modules["cupy"]
         dev = x.device.id
         mask = self.masks.get(dev)
         if mask is None:
             with x.device:
-                mask = self.masks[dev] = cp.zeros(1, dtype=cp.uint64)
+                mask = self.masks[dev] = kernels.array_module(x).zeros(1, dtype=np.uint64)
         bit = self.bits.get(tag)
         if bit is None:
             bit = self.bits[tag] = min(len(self.bits), 63)
-        n = x.size
-        args = ((min(-(-n // 1024), 1024),), (256,), (x, np.int64(n), np.uint64(1 << bit), mask))
-        if dev == cp.cuda.runtime.getDevice():
-            _flag_kernel(x.dtype)(*args)
-        else:  # launched on the array's own device, never with another's pointer
-            with x.device:
-                _flag_kernel(x.dtype)(*args)
+        kernels.flag_nonfinite(x, 1 << bit, mask)
 
     def collect(self) -> int:
         """The OR of every device's mask (a read-back per device), then zeroed."""
@@ -307,34 +295,6 @@ class DeviceFlags:
         if mask >> 63 & 1:
             out.append("(other tensors)")
         return out
-
-
-_FLAG_SOURCE = r"""
-template <typename T>
-__global__ void flag_nonfinite(const T* x, long long n, unsigned long long bit,
-                               unsigned long long* mask) {
-    int bad = 0;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
-         i += (long long)gridDim.x * blockDim.x)
-        bad |= !isfinite(x[i]);
-    if (__syncthreads_or(bad) && threadIdx.x == 0) atomicOr(mask, bit);
-}
-"""
-_FLAG_KERNELS: dict = {}
-
-
-def _flag_kernel(dtype):
-    """The flag kernel for float32 or float64 (compiled once): one grid-stride
-    read, one atomic per block that saw a non-finite value."""
-    dtype = np.dtype(dtype)
-    kern = _FLAG_KERNELS.get(dtype)
-    if kern is None:
-        ctype = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}[dtype]
-        name = f"flag_nonfinite<{ctype}>"
-        mod = sys.modules["cupy"].RawModule(code=_FLAG_SOURCE, options=("-std=c++14",),
-                                             name_expressions=(name,))
-        kern = _FLAG_KERNELS[dtype] = mod.get_function(name)
-    return kern
 
 
 def _device_flags(comm: Communicator) -> DeviceFlags:
@@ -355,7 +315,7 @@ def report_nonfinite(comm: Communicator) -> None:
     flags = comm.device_flags
     mine = flags.collect() if flags is not None else 0
     signed = int(np.array(mine, dtype=np.uint64).view(np.int64))
-    table = comm.allgather_ints([signed])[:, 0] if comm.size > 1 else np.array([signed])
+    table = _exchange(comm, [signed])[:, 0]
     ranks = [int(r) for r in np.flatnonzero(table)]
     if ranks:
         names = flags.names(int(np.bitwise_or.reduce(table).view(np.uint64))) \

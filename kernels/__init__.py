@@ -25,7 +25,7 @@ from ._sparse import (
     split_by_bounds,
     to_dense,
 )
-from ._xp import array_module, index_dtype, is_device_array
+from ._xp import array_module, flag_nonfinite, index_dtype, is_device_array
 
 __all__ = [
     "array_module",
@@ -33,6 +33,7 @@ __all__ = [
     "coo_sum",
     "decode_indices",
     "encode_indices",
+    "flag_nonfinite",
     "gaussian_select",
     "gaussian_threshold",
     "index_dtype",

@@ -19,12 +19,14 @@ device (``_cuda_build``).  What runs where:
 - Gaussiank's float64 mean / std and threshold counts in a fixed order:
   ``_cuda_gauss`` (``gaussian.cu``);
 - ``coo_sum``'s segmented sums and ``scatter_add`` in NumPy's order:
-  ``_cuda_sparse`` (``sparse.cu``).
+  ``_cuda_sparse`` (``sparse.cu``);
+- NaN/Inf in an input, flagged on the device: ``_cuda_checks`` (``checks.cu``).
 
 Measurements behind each choice: docs/BENCHMARKS.md, "GPU kernels" and its
 subsections.
 """
 from ._cuda_build import key_to_float, prepare, threshold_key, warm_up
+from ._cuda_checks import flag_nonfinite
 from ._cuda_gauss import count_at_least, count_at_least_many, mean_std
 from ._cuda_select import threshold_select
 from ._cuda_sparse import scatter_add_sorted, segment_sums
@@ -34,6 +36,7 @@ __all__ = [
     "cap_select",
     "count_at_least",
     "count_at_least_many",
+    "flag_nonfinite",
     "key_to_float",
     "kth_key",
     "kth_magnitude",

@@ -37,6 +37,13 @@ def cuda_kernels(x):
     return _cuda
 
 
+def flag_nonfinite(x, bit: int, mask) -> None:
+    """Device arrays only: set ``bit`` in the one-word uint64 device array
+    ``mask`` if the C-contiguous float32 / float64 ``x`` holds NaN or Inf, on
+    the current stream, with no read-back (``kernels/cuda/checks.cu``)."""
+    cuda_kernels(x).flag_nonfinite(x, bit, mask)
+
+
 def fast_float32(x):
     """``kernels._cuda`` when its float32 fast paths take ``x``, else None."""
     cu = cuda_kernels(x)
