@@ -155,7 +155,7 @@ def main(args) -> int:
         if comm.rank == 0:
             print(f"unknown algorithm(s) {unknown}; registered: {sorted(ALGORITHMS)}", file=sys.stderr)
         return 2
-    if getattr(args, "sizes", None):
+    if args.sizes:
         sizes = [int(v) for v in args.sizes.split(",")]
     else:
         lo, hi = (int(v) for v in args.log2n.split(":"))
@@ -190,7 +190,7 @@ def _meta(comm, args, device: str) -> dict:
         "host_cores": os.cpu_count(), "machine": platform.machine(), "P": comm.size,
         "autotune": autotune.__version__, "numpy": np.__version__, "device": device,
         "order": resolve_order(args.order, device),
-        "options": {k: getattr(args, k, None) for k in
+        "options": {k: getattr(args, k) for k in
                     ("log2n", "sizes", "density", "algorithms", "repeat", "warmup", "backend", "order",
                      "gap_ms")},
     }

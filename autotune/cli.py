@@ -356,13 +356,6 @@ def _option(key: str) -> str:
     return "the command" if key == "command" else "--" + key.replace("_", "-")
 
 
-def _agreed_command(argv: list[str]) -> bool:
-    """Whether the ranks agree on their arguments before running: every
-    command under a launcher but ``launch`` (which starts its own job), so
-    that no rank runs a collective command while another has left."""
-    return under_mpi() and not (argv and argv[0] == "launch")
-
-
 def _agree_args(args, exit_code: int = 2) -> str | None:
     """Under MPI with more than one rank: None when every rank parsed the same
     arguments, else one message, the same on every rank.  ``args`` None: this
@@ -452,7 +445,10 @@ def main(argv=None) -> int:
         args = parser.parse_args(["launch", *head])
         args.program = program
         return _launch(parser, args)
-    agreed = _agreed_command(argv)
+    # under a launcher the ranks agree on their arguments before running anything, so
+    # no rank runs a collective command while another has left (launch, above, starts
+    # a job of its own)
+    agreed = under_mpi()
     try:
         args = parser.parse_args(argv)
     except SystemExit as e:

@@ -24,10 +24,10 @@ factor at P and at the profile's P (``Machine.at``).  Without the core count
 (profiles made before it was recorded), on GPUs and across hosts: no scaling.
 
 One more term comes from the profile's algorithm runs: each implementation's
-fixed cost per call, ``o0 + o1 (P-1)`` seconds (:func:`fit_overheads`) -- the
+fixed cost per call, ``o0 + o1 (P-1)`` seconds (:func:`fit_terms`) -- the
 Python, kernel-launch, host-synchronisation and small-message cost that Table 1's
-alpha-beta terms leave out.  It is what remains of the measured time at the
-smallest sizes the profile ran, where the data terms vanish; on a GPU it
+alpha-beta terms leave out, fitted with the terms' weights over all the runs
+(the smallest sizes, where the data terms vanish, pin it down); on a GPU it
 dominates the sparse algorithms at small and medium n (docs/BENCHMARKS.md,
 "Fixed cost per call").  Because it is
 part of the model, it carries over to sizes and process counts beyond the
@@ -82,7 +82,7 @@ class Machine:
     stream: Linear | None = None
     label: str = ""
     extras: dict = field(default_factory=dict, compare=False)
-    overhead: dict = field(default_factory=dict)  # algorithm -> (o0, o1), see fit_overheads
+    overhead: dict = field(default_factory=dict)  # algorithm -> (o0, o1), see fit_terms
     # ranks sharing one host's cores (single-host CPU profiles): (cores, profile's P)
     contention: tuple[int, int] | None = None
     law: str = "cores"  # how a shared host's bandwidth term grows with P (LAWS)
@@ -102,23 +102,29 @@ class Machine:
             f = max(1.0, P / cores)
             g = f / max(1.0, P0 / cores)
 
-            def link(lk: Link, name: str) -> Link:
-                h = g if self.law == "cores" else (max(concurrency(name, P), 1.0)
-                                                   / max(concurrency(name, P0), 1.0))
-                return Link(lk.alpha * g, lk.beta * h,
-                            tuple((s, a * g, b * h) for s, a, b in lk.segments))
-
-            def lin(c: Linear | None) -> Linear | None:
-                return None if c is None else Linear(c.c0 * f, c.c1 * f)
-
-            self._at[P] = replace(
-                self, p2p=link(self.p2p, "p2p"), allgather=link(self.allgather, "allgather"),
-                alltoall=link(self.alltoall, "alltoallv"),
-                allreduce=link(self.allreduce, "allreduce"),
-                bcast=link(self.bcast, "bcast"), topk=lin(self.topk), threshold=lin(self.threshold),
-                reduce=lin(self.reduce), stream=lin(self.stream), contention=None, _at={},
-                ranks=P)
+            def beta(name: str) -> float:
+                return g if self.law == "cores" else (max(concurrency(name, P), 1.0)
+                                                      / max(concurrency(name, P0), 1.0))
+            self._at[P] = self._scaled(lambda name: g, beta, f, ranks=P)
         return self._at[P]
+
+    def _scaled(self, alpha, beta, compute: float, **fields) -> "Machine":
+        """A copy with each primitive's alphas times ``alpha(name)``, betas times
+        ``beta(name)`` (name as in :func:`autotune.profile.concurrency`), and the
+        local kernels times ``compute``; without ``contention``."""
+        def link(lk: Link, name: str) -> Link:
+            a, b = alpha(name), beta(name)
+            return Link(lk.alpha * a, lk.beta * b,
+                        tuple((m, x * a, y * b) for m, x, y in lk.segments))
+
+        def lin(c: Linear | None) -> Linear | None:
+            return None if c is None else Linear(c.c0 * compute, c.c1 * compute)
+
+        return replace(
+            self, p2p=link(self.p2p, "p2p"), allgather=link(self.allgather, "allgather"),
+            alltoall=link(self.alltoall, "alltoallv"), allreduce=link(self.allreduce, "allreduce"),
+            bcast=link(self.bcast, "bcast"), topk=lin(self.topk), threshold=lin(self.threshold),
+            reduce=lin(self.reduce), stream=lin(self.stream), contention=None, _at={}, **fields)
 
     @classmethod
     def from_profile(cls, prof) -> "Machine":
@@ -173,20 +179,8 @@ class Machine:
         an algorithm's ``cost`` on it is that part of its time (:func:`components`)."""
         key = ("part", which)
         if key not in self._at:
-            lat, bw, cmp = (which == w for w in PARTS)
-
-            def link(lk: Link) -> Link:
-                return Link(lk.alpha * lat, lk.beta * bw,
-                            tuple((s, a * lat, b * bw) for s, a, b in lk.segments))
-
-            def lin(c: Linear | None) -> Linear | None:
-                return None if c is None else Linear(c.c0 * cmp, c.c1 * cmp)
-
-            self._at[key] = replace(
-                self, p2p=link(self.p2p), allgather=link(self.allgather),
-                alltoall=link(self.alltoall), allreduce=link(self.allreduce),
-                bcast=link(self.bcast), topk=lin(self.topk), threshold=lin(self.threshold),
-                reduce=lin(self.reduce), stream=lin(self.stream), contention=None, _at={})
+            lat, bw, cmp = (float(which == w) for w in PARTS)
+            self._at[key] = self._scaled(lambda name: lat, lambda name: bw, cmp)
         return self._at[key]
 
     # primitive times (each with the regime covering its message size), in the
@@ -294,21 +288,27 @@ def _log_err(coef, X, t) -> np.ndarray:
     return np.abs(np.log(np.maximum(X @ coef, 1e-12) / t))
 
 
-def _fold_errors(X, t, Ps, ns) -> tuple[list, list]:
-    """Held-out |log(predicted / measured)|: each size left out in turn (in range),
-    and each P left out in turn, with its octaves from the nearest P kept."""
-    inside, out = [], []
+def _size_folds(X, t, Ps, ns) -> list:
+    """Held-out |log(predicted / measured)| with each size left out in turn (in range)."""
+    inside = []
     for n in sorted(set(ns)):
         keep = ns != n
         if keep.sum() >= 2:
             inside += list(_log_err(_fit(X[keep], t[keep], Ps[keep]), X[~keep], t[~keep]))
+    return inside
+
+
+def _p_folds(X, t, Ps) -> list:
+    """(held-out |log(predicted / measured)|, octaves from the nearest P kept) with
+    each P left out in turn."""
+    out = []
     for P in sorted(set(Ps)):
         keep = Ps != P
         if keep.any():
             dist = float(np.min(np.abs(np.log2(Ps[keep]) - np.log2(P))))
             out += [(e, dist) for e in _log_err(_fit(X[keep], t[keep], Ps[keep]), X[~keep],
                                                 t[~keep])]
-    return inside, out
+    return out
 
 
 def _per_octave(inside, out) -> float:
@@ -329,14 +329,16 @@ def fit_terms(machine: Machine, runs) -> Machine:
         # the law is judged on the runs whose bandwidth part is at least half the
         # modelled time: elsewhere it changes little (small messages, or within a
         # token bucket's burst, pass at the speed of the loopback)
+        def bandwidth_bound(r) -> bool:
+            c = components(machine, r["algorithm"], r["n"], r["P"], r["density"] or 0.01)
+            return c[1] >= 0.5 * c.sum()
         heavy = [r for r in runs if r["algorithm"] in ALGORITHMS and int(r["P"]) > 1
-                 and (lambda c: c[1] >= 0.5 * c.sum())(
-                     components(machine, r["algorithm"], r["n"], r["P"], r["density"] or 0.01))]
+                 and bandwidth_bound(r)]
         if len({int(r["P"]) for r in heavy}) > 1:
             def score(law):
                 m = replace(machine, law=law, _at={})
-                errs = [e for X, t, Ps, ns in _design(m, heavy).values()
-                        for e, _ in _fold_errors(X, t, Ps, ns)[1]]
+                errs = [e for X, t, Ps, _ in _design(m, heavy).values()
+                        for e, _ in _p_folds(X, t, Ps)]
                 return float(np.median(errs)) if errs else math.inf
             machine = replace(machine, law=min(LAWS, key=lambda law: (score(law), law)), _at={})
     weights, over = {}, {}
@@ -354,10 +356,20 @@ def heldout_errors(machine: Machine, runs) -> dict[str, tuple[float, float, int]
     (nan with runs at one P); runs).  exp(e) - 1 is the relative error."""
     out = {}
     for algo, (X, t, Ps, ns) in _design(machine, runs).items():
-        inside, beyond = _fold_errors(X, t, Ps, ns)
+        inside, beyond = _size_folds(X, t, Ps, ns), _p_folds(X, t, Ps)
         out[algo] = (float(np.median(inside)) if inside else math.nan,
                      _per_octave(inside, beyond), len(t))
     return out
+
+
+def expected_error(errors: tuple, octaves_n: float = 0.0, octaves_P: float = 0.0) -> float:
+    """A prediction's expected |log(predicted / measured)| from an algorithm's
+    ``heldout_errors`` entry, ``octaves_n`` / ``octaves_P`` beyond its runs: the
+    in-range error, grown per four octaves of n (the one-size-out folds' end sizes
+    lie about that far out) and per octave of P (the one-P-out error; the in-range
+    one where the runs span one P)."""
+    inside, octave = errors[0], errors[1] if math.isfinite(errors[1]) else errors[0]
+    return inside * (1 + octaves_n / 4) + octave * octaves_P
 
 
 def overhead(machine: Machine, algorithm: str, P: int) -> float:

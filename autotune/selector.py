@@ -81,11 +81,20 @@ def _dens(algo: str, density) -> float:
     return 0.01 if not _lossy(algo) or density is None else float(density)
 
 
+def _point(algo: str, n: int, P: int, density) -> list[float]:
+    """Where a call lies: log2 n, log2 P, log10 density (the runs' domains and the
+    correction's first features)."""
+    return [math.log2(max(n, 1)), math.log2(max(P, 1)), math.log10(_dens(algo, density))]
+
+
+def _gap(lo, hi, q) -> np.ndarray:
+    """How far ``q`` lies outside [lo, hi], per axis (0 inside)."""
+    return np.maximum(lo - q, 0) + np.maximum(q - hi, 0)
+
+
 def _features(algorithms, algo: str, n: int, P: int, density: float, model_s: float):
-    density = _dens(algo, density)
     onehot = [1.0 if a == algo else 0.0 for a in algorithms]
-    return [math.log2(max(n, 1)), math.log2(max(P, 1)), math.log10(density),
-            math.log(max(model_s, 1e-9)), *onehot]
+    return [*_point(algo, n, P, density), math.log(max(model_s, 1e-9)), *onehot]
 
 
 def default_algorithms(profile) -> list[str]:
@@ -96,8 +105,8 @@ def default_algorithms(profile) -> list[str]:
 
 
 # Far outside the runs of the predicted-fastest algorithm (Selector._robust_choice): "exact"
-# (the default), "upper" (the lowest upper end of the error band) or "none" (the prediction).
-ROBUST = ("exact", "upper", "none")
+# (the default) or "none" (the prediction).
+ROBUST = ("exact", "none")
 # "Far": more octaves of n or P beyond its runs than the held-out folds reach (a P left out
 # of runs at 2, 3, 4 lies at most one octave from the others); within them the errors hold.
 FAR_OCTAVES = 1.0
@@ -130,16 +139,17 @@ class Selector:
         runs = list(profile.runs if runs is None else runs)
         self.algorithms = [a for a in (algorithms or default_algorithms(profile)) if a in ALGORITHMS]
         self.model = None
-        self.domain = None  # (low, high) of (log2 n, log2 P, log10 density) over all runs
-        self.domains: dict = {}  # the same per algorithm
+        # (low, high) of _point over all runs, set with the learned correction (it fades
+        # out beyond them)
+        self.domain = None
         runs = [r for r in runs if r["algorithm"] in self.algorithms and r.get("median_s", 0) > 0]
-        # per algorithm: held-out errors (costmodel.heldout_errors) and the runs' log2 n, log2 P range
+        # per algorithm: held-out errors (costmodel.heldout_errors) and the runs' domain
         self.errors = costmodel.heldout_errors(self.machine, runs) if runs else {}
-        self.ranges = {}
+        self.domains: dict = {}
         for a in {r["algorithm"] for r in runs}:
-            q = np.array([[math.log2(r["n"]), math.log2(r["P"])] for r in runs
+            q = np.array([_point(a, r["n"], r["P"], r["density"]) for r in runs
                           if r["algorithm"] == a])
-            self.ranges[a] = (q.min(axis=0), q.max(axis=0))
+            self.domains[a] = (q.min(axis=0), q.max(axis=0))
         if learn and len(runs) >= 8:
             from sklearn.ensemble import GradientBoostingRegressor
 
@@ -153,10 +163,6 @@ class Selector:
                 n_estimators=300, max_depth=3, learning_rate=0.05, subsample=1.0,
                 random_state=random_state).fit(X, np.asarray(y))
             self.domain = (X[:, :3].min(axis=0), X[:, :3].max(axis=0))
-            # each algorithm's own range: the lossless ones are run to larger n
-            algos = np.array([r["algorithm"] for r in runs])
-            self.domains = {a: (X[algos == a, :3].min(axis=0), X[algos == a, :3].max(axis=0))
-                            for a in set(algos)}
 
     def _model(self, algo, n, P, density):
         return max(costmodel.predict(self.machine, algo, n, P, _dens(algo, density)), 1e-9)
@@ -166,9 +172,8 @@ class Selector:
         outside the runs (of ``algo``, if given and run; else of all algorithms)."""
         if self.domain is None:
             return math.inf
-        q = np.array([math.log2(max(n, 1)), math.log2(max(P, 1)), math.log10(density)])
         lo, hi = self.domains.get(algo, self.domain)
-        return float(np.sum(np.maximum(lo - q, 0) + np.maximum(q - hi, 0)))
+        return float(np.sum(_gap(lo, hi, np.array(_point(algo, n, P, density)))))
 
     def predict(self, algo: str, n: int, P: int, density: float) -> tuple[float, float]:
         """(learned prediction, bare cost-model prediction) in seconds."""
@@ -182,11 +187,10 @@ class Selector:
 
     def _beyond(self, algo: str, n: int, P: int) -> tuple[float, float]:
         """Octaves of n and of P beyond the algorithm's runs (inf without runs)."""
-        if algo not in self.ranges:
+        if algo not in self.domains:
             return math.inf, math.inf
-        lo, hi = self.ranges[algo]
-        q = np.array([math.log2(max(n, 1)), math.log2(max(P, 1))])
-        d = np.maximum(lo - q, 0) + np.maximum(q - hi, 0)
+        lo, hi = self.domains[algo]
+        d = _gap(lo[:2], hi[:2], np.array(_point(algo, n, P, None)[:2]))
         return float(d[0]), float(d[1])
 
     def error(self, algo: str, n: int, P: int) -> float | None:
@@ -197,19 +201,17 @@ class Selector:
         e = self.errors.get(algo)
         if e is None or not math.isfinite(e[0]):
             return None
-        inside, octave = e[0], (e[1] if math.isfinite(e[1]) else e[0])
-        dn, dP = self._beyond(algo, n, P)
-        return inside * (1 + dn / 4) + octave * dP
+        return costmodel.expected_error(e, *self._beyond(algo, n, P))
 
     def _robust_choice(self, cands, pred, err) -> str:
-        """Far outside the runs: ``upper``, the lowest upper end of the error band;
-        ``exact``, a reference exact algorithm (exact ``dense``, Rabenseifner, on a CPU
-        profile; else the exact one with the lowest upper end) unless another
-        algorithm's upper end lies below the reference's lower end (clearly wins): the
-        lowest upper end of those that do."""
+        """Far outside the runs: a reference exact algorithm (exact ``dense``,
+        Rabenseifner, on a CPU profile; else the exact one with the lowest upper end of
+        its error band) unless another algorithm's upper end lies below the reference's
+        lower end (clearly wins): the lowest upper end of those that do (of all, without
+        an exact candidate)."""
         upper = {a: pred[a] * math.exp(err[a]) for a in cands}
         exact = [a for a in cands if not _lossy(a)]
-        if self.robust == "upper" or not exact:
+        if not exact:
             return min(cands, key=lambda a: (upper[a], a))
         ref = ("dense" if self.host and "dense" in exact
                else min(exact, key=lambda a: (upper[a], a)))

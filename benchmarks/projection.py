@@ -81,8 +81,7 @@ def project(prof: dict, models=PAPER_MODELS, Ps=PROJECT_P, algorithms=ALGO_ORDER
                    "pred_s": t, "speedup_vs_dense": {a: t["dense"] / v for a, v in t.items()}}
             if errs:
                 octaves = max(0.0, math.log2(P / BAND_REF_P))
-                f = {a: math.exp(errs[a][0] + (errs[a][1] if math.isfinite(errs[a][1])
-                                               else errs[a][0]) * octaves)
+                f = {a: math.exp(costmodel.expected_error(errs[a], octaves_P=octaves))
                      for a in algorithms if a in errs}
                 row["band_s"] = {a: (t[a] / v, t[a] * v) for a, v in f.items()}
             out.append(row)

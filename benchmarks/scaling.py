@@ -283,8 +283,9 @@ def model_errors(rows, prof: dict, *, max_P: int | None = None) -> list[dict]:
     from autotune.selector import Selector
 
     Profile(prof)  # validates the schema: one clear ProfileError per problem
-    fitted, table1 = machine_at(prof), machine_at(prof, runs=False)
     sel = Selector(prof, learn=False) if prof.get("runs") else None
+    fitted = sel.machine if sel else machine_at(prof)  # one fit of the profile
+    table1 = machine_at(prof, runs=False)
     out = []
     for r in rows:
         a, P = r["algorithm"], int(r["P"])
@@ -415,6 +416,7 @@ def plot_measured(res: dict, outdir, prof: dict | None = None) -> Path:
     algos = _algos(rows)
     fig, axes = _panels(len(sizes))
     colors = {a: _color(a) for a in algos}
+    M = machine_at(prof) if prof is not None else None
     for ax, n in zip(axes, sizes):
         for a in algos:
             pts = sorted((r["P"], r["median_s"]) for r in rows if r["n"] == n and r["algorithm"] == a)
@@ -422,8 +424,7 @@ def plot_measured(res: dict, outdir, prof: dict | None = None) -> Path:
                 continue
             P, t = zip(*pts)
             ax.plot(P, np.array(t) * 1e3, "o-", color=colors[a], label=a, ms=3)
-            if prof is not None and a in ALGORITHMS:
-                M = machine_at(prof)
+            if M is not None and a in ALGORITHMS:
                 pred = [costmodel.predict(M, a, n, p, res["density"]) for p in P]
                 ax.plot(P, np.array(pred) * 1e3, "--", color=colors[a], lw=0.8)
         _log_panel(ax, "P (ranks)", "ms per call (median, slowest rank)",
