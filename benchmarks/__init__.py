@@ -24,7 +24,15 @@ import argparse
 
 import numpy as np
 
-__all__ = ["gradient_stream", "study_parser"]
+__all__ = ["NCCL_SOCKETS_ENV", "NVLS_OFF_ENV", "gradient_stream", "study_parser"]
+
+#: the lent GPU machines' rule (NVLink multicast off), for every NCCL launch there;
+#: benchmarks/gpu_suite.sh sets the same in bash
+NVLS_OFF_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+                "NVSHMEM_DISABLE_NVLS": "1"}
+#: NCCL over TCP sockets on loopback between GPUs of one host: the "slow network"
+NCCL_SOCKETS_ENV = {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1", "NCCL_NET": "Socket",
+                    "NCCL_SOCKET_IFNAME": "lo"}
 
 
 def study_parser(module: str, doc: str, *, n: int, iters: int, warmup: int,

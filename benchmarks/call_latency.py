@@ -16,6 +16,7 @@ each timed alone in the same rounds.  Where the host time of one variant
 goes, function by function: ``benchmarks.call_profile``.
 """
 import argparse
+import functools
 import json
 import time
 
@@ -35,17 +36,16 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="write the medians here")
     ap.add_argument("--stages", metavar="ALG", help="also split one call of ALG into stages")
     args = ap.parse_args(argv)
-    if args.stages:
-        from collectives import ALGORITHMS
+    import collectives
 
-        if args.stages not in ALGORITHMS:
-            ap.error(f"--stages: a registered algorithm ({', '.join(ALGORITHMS)}), "
-                     f"got {args.stages!r}")
+    if args.stages and args.stages not in collectives.ALGORITHMS:
+        ap.error(f"--stages: a registered algorithm ({', '.join(collectives.ALGORITHMS)}), "
+                 f"got {args.stages!r}")
 
     import cupy as cp
+    from cupy.cuda import nccl
 
     import autotune
-    import collectives
 
     comm = collectives.NCCLCommunicator(collectives.MPICommunicator())
     autotune.init(comm, profile=args.profile)
@@ -55,33 +55,29 @@ def main(argv=None) -> int:
     rng = np.random.default_rng(1234 + comm.rank)
     results: dict = {}
 
-    def call(alg, x, out):
-        if alg == "raw":
-            comm.nccl.allReduce(x.data.ptr, out.data.ptr, x.size, comm._t(x),
-                                comm._ops["sum"], stream.ptr)
-            return out
-        return autotune.allreduce(x, name=f"g{x.size}", algorithm=alg, density=args.density)
-
     for lg in sizes:
         n = 1 << lg
         x = cp.asarray(rng.standard_normal(n, dtype=np.float32))
         out = cp.empty_like(x)
-        times = {a: [] for a in algos}
-        for r in range(args.warmup + args.rounds):
-            for a in algos:
-                comm.mpi.barrier()
-                t0 = time.perf_counter()
-                call(a, x, out)
-                stream.synchronize()
-                if r >= args.warmup:
-                    times[a].append(time.perf_counter() - t0)
-        med = {a: float(np.median(t)) * 1e6 for a, t in times.items()}
+        name = f"g{n}"
+
+        def raw():  # ncclAllReduce through the library's NCCL communicator
+            comm.nccl.allReduce(x.data.ptr, out.data.ptr, n, nccl.NCCL_FLOAT32, nccl.NCCL_SUM,
+                                stream.ptr)
+
+        calls = [raw if a == "raw" else functools.partial(
+            autotune.allreduce, x, name=name, algorithm=a, density=args.density) for a in algos]
+        # in the order given, after a barrier each, this rank's own times (printed by rank 0)
+        times = collectives.timeit_interleaved(calls, comm=comm.mpi, warmup=args.warmup,
+                                               repeat=args.rounds, sync=stream.synchronize,
+                                               rotate=False, slowest=False)
+        med = {a: float(np.median(t)) * 1e6 for a, t in zip(algos, times)}
         if args.stages:
-            med["stages"] = _stages(comm, x, out, args, stream)
+            med["stages"] = _stages(comm, x, raw, args, stream)
         results[lg] = med
         if "auto" in algos and comm.rank == 0:
             picks = {k.name: c.algorithm for k, c in autotune.decisions().items()}
-            med["auto_pick"] = picks.get(f"g{n}")
+            med["auto_pick"] = picks.get(name)
         if comm.rank == 0 and args.stages:
             print(f"n=2^{lg} {args.stages} stages: "
                   + "  ".join(f"{k} {v:.1f}" for k, v in med["stages"].items()), flush=True)
@@ -96,28 +92,27 @@ def main(argv=None) -> int:
     return 0
 
 
-def _stages(comm, x, out, args, stream) -> dict:
+def _stages(comm, x, raw, args, stream) -> dict:
     """Median us of each host stage of one synchronized call of ``args.stages``
-    (what ``autotune.allreduce`` does, step by step), and of a raw
-    ncclAllReduce preceded by validation's exchange, or by its NaN/Inf scan."""
+    (what ``autotune.allreduce`` does, step by step; the input's view is the
+    library's own internal step), and of ``raw`` (ncclAllReduce) preceded by
+    validation's exchange (two ints over the library's MPI communicator), or by
+    its NaN/Inf scan (``kernels.flag_nonfinite``)."""
+    import cupy as cp
+
     import autotune
+    import kernels
     from autotune._convert import as_array
     from collectives import validate
-    from collectives._validate import _device_flags
 
     alg = args.stages
     algo = autotune.algorithm_instance(alg)
     kw = {"density": args.density} if algo.lossy else {}
-    flags = _device_flags(comm)
     mine = np.zeros(2, np.int64)
     every = np.zeros(2 * comm.size, np.int64)
-
-    def raw():
-        comm.nccl.allReduce(x.data.ptr, out.data.ptr, x.size, comm._t(x), comm._ops["sum"],
-                            stream.ptr)
-
+    mask = cp.zeros(1, dtype=cp.uint64)
     pieces = {"exchange+raw": lambda: (comm.mpi.comm.Allgather(mine, every), raw()),
-              "scan+raw": lambda: (flags.note(x, "stages"), raw())}
+              "scan+raw": lambda: (kernels.flag_nonfinite(x, 1, mask), raw())}
     rows = []
     for r in range(args.warmup + args.rounds):
         row = []

@@ -6,6 +6,7 @@
 # stdout.  STAGES="profile train" profiles NVLink and sockets through NCCL, then trains
 # the digits CNN over NCCL (train_digits_nccl_P*.json).  STAGES="scaling" runs the CPU-rank scaling study alone (no GPU needed).
 set -u
+# the same settings as benchmarks/__init__.py's NVLS_OFF_ENV and NCCL_SOCKETS_ENV (SOCK below)
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 OUT=${OUT:-/tmp/gpu_suite}; mkdir -p "$OUT"

@@ -54,12 +54,9 @@ import autotune.torch as at
 import collectives
 import profiles
 from autotune.launch import mpiexec_argv
+from benchmarks import NCCL_SOCKETS_ENV, NVLS_OFF_ENV
 
-ALWAYS_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-              "NVSHMEM_DISABLE_NVLS": "1"}
-NETWORK_ENV = {"nvlink": {}, "cpu": {},
-               "sockets": {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1",
-                           "NCCL_NET": "Socket", "NCCL_SOCKET_IFNAME": "lo"}}
+NETWORK_ENV = {"nvlink": {}, "cpu": {}, "sockets": NCCL_SOCKETS_ENV}
 VARIANTS = ("compute", "ddp", "fp16", "powersgd1", "powersgd4") + tuple(
     f"at:{a}" for a in ("nccl", "dense", "auto", "topka", "oktopk", "gtopk"))
 
@@ -192,20 +189,21 @@ def _one_variant(variant, args, dev, batches, *, check: bool, check_init: bool):
               bucket_cap_mb=args.bucket_mb, init_sync=False)
     state = _attach(ddp, variant, args)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr)
-    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
-    times = []
-    for i in range(args.warmup + args.steps):
-        x = batches[i % len(batches)]
-        sync()
-        t0 = time.perf_counter()
+    taken = [0]
+
+    def step():
+        x = batches[taken[0] % len(batches)]
+        taken[0] += 1
         opt.zero_grad()
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=args.amp):
             logits = ddp(x[:, :-1])
         F.cross_entropy(logits.flatten(0, 1).float(), x[:, 1:].flatten()).backward()
         opt.step()
-        sync()
-        times.append(time.perf_counter() - t0)
-    t = torch.tensor(times[args.warmup:], dtype=torch.float64, device=dev)
+
+    # each step ends with a device synchronize; this rank's times (the max is taken below)
+    times = collectives.timeit(step, warmup=args.warmup, repeat=args.steps,
+                               sync=torch.cuda.synchronize if dev.type == "cuda" else None)
+    t = torch.tensor(times, dtype=torch.float64, device=dev)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     if check and variant != "compute":
         rec["identical"] = _digests_agree(model)
@@ -218,14 +216,18 @@ def _one_variant(variant, args, dev, batches, *, check: bool, check_init: bool):
             for k, c in autotune.decisions().items()
             if variant == "at:auto" and (k.name or "").startswith(state.sgd.prefix + ".")}
         state.close()  # the residuals go: the next round's fresh model starts afresh
-    del ddp, model, opt, state
+    return t.tolist(), rec
+
+
+def _release(dev) -> None:
+    """After a variant (its model, DDP and optimizer gone with its frame): free
+    the device memory it cached, then wait for every rank."""
     gc.collect()
     if dev.type == "cuda":
         torch.cuda.empty_cache()
         if "cupy" in sys.modules:
             sys.modules["cupy"].get_default_memory_pool().free_all_blocks()
     dist.barrier(device_ids=[dev.index] if dev.type == "cuda" else None)
-    return t.tolist(), rec
 
 
 def bench(argv) -> int:
@@ -255,6 +257,7 @@ def bench(argv) -> int:
         for i, v in enumerate(variants if r % 2 == 0 else variants[::-1]):
             t0 = time.perf_counter()
             t, rec = _one_variant(v, args, dev, batches, check=r == 0, check_init=r + i == 0)
+            _release(dev)
             times[v] += t
             recs[v].update(rec)
             if rank == 0:
@@ -380,7 +383,7 @@ def run(argv) -> int:
         path.unlink(missing_ok=True)
         cmd = mpiexec_argv(args.np, [sys.executable, "-u", "-m", "mpi4py", "-m",
                                      "benchmarks.train_step", *rest, "--network", net,
-                                     "--out", str(path)], env={**ALWAYS_ENV, **NETWORK_ENV[net]})
+                                     "--out", str(path)], env={**NVLS_OFF_ENV, **NETWORK_ENV[net]})
         cmd[1:1] = ["--bind-to", "none"]  # a core per rank starves NCCL's proxy threads
         print(f"=== {net}: {' '.join(cmd)}", flush=True)
         t0 = time.perf_counter()

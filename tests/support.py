@@ -48,4 +48,10 @@ def _gpus() -> int:
 GPUS = _gpus()
 HAS_GPU = GPUS > 0
 requires_gpu = pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU and cupy")
-requires_2_gpus = pytest.mark.skipif(GPUS < 2, reason="needs two CUDA GPUs and cupy (NCCL, P = 2)")
+
+
+def gpu_mpi(gpus: int = 1):
+    """Mark a test that launches MPI ranks on ``gpus`` GPUs or more (collected
+    only on a GPU machine, skipped where fewer GPUs are visible)."""
+    skip = pytest.mark.skipif(GPUS < gpus, reason=f"needs {gpus} CUDA GPU(s) and cupy")
+    return lambda fn: pytest.mark.mpi(pytest.mark.gpu(skip(fn)))

@@ -344,10 +344,15 @@ BENCH = [sys.executable, "-m", "autotune.cli", "bench", "--algorithms", "mpi", "
          "--warmup", "0"]
 
 
+def _two_ranks(argv0, argv1) -> subprocess.CompletedProcess:
+    """One job of two ranks, rank 0 running ``argv0`` and rank 1 ``argv1``."""
+    return subprocess.run(mpmd_argv([(1, argv0), (1, argv1)]), cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+
+
 @pytest.mark.mpi
 def test_ranks_with_different_arguments_all_fail_alike():
-    cmd = mpmd_argv([(1, BENCH + ["--log2n", "10:10"]), (1, BENCH + ["--log2n", "11:11"])])
-    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    p = _two_ranks(BENCH + ["--log2n", "10:10"], BENCH + ["--log2n", "11:11"])
     assert p.returncode == 2, (p.stdout, p.stderr)
     msg = ('autotune bench: error: every rank must be started with the same arguments, but rank 1 '
            'has --log2n "11:11" where rank 0 has "10:10"')
@@ -357,16 +362,12 @@ def test_ranks_with_different_arguments_all_fail_alike():
 
 @pytest.mark.mpi
 def test_a_different_command_on_one_rank_does_not_hang():
-    cmd = mpmd_argv([(1, BENCH + ["--log2n", "10"]),
-                     (1, [sys.executable, "-m", "autotune.cli", "--version"])])
-    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    p = _two_ranks(BENCH + ["--log2n", "10"], [sys.executable, "-m", "autotune.cli", "--version"])
     assert p.returncode != 0 and "rank(s) 1 printed help or the version" in p.stderr, p.stderr
 
 
 @pytest.mark.mpi
 def test_a_bad_value_on_one_rank_does_not_hang():
-    cmd = mpmd_argv([(1, BENCH + ["--log2n", "10"]), (1, BENCH + ["--log2n", "10",
-                                                                   "--density", "0"])])
-    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    p = _two_ranks(BENCH + ["--log2n", "10"], BENCH + ["--log2n", "10", "--density", "0"])
     assert p.returncode == 2 and "argument --density: must be in (0, 1]" in p.stderr
     assert "Traceback" not in p.stderr

@@ -6,7 +6,7 @@ The suite itself lives in tests/mpi/conformance.py (one runner, applied to
 import pytest
 
 from collectives import ALGORITHMS
-from support import requires_gpu
+from support import gpu_mpi
 from tests.mpi import VARIANTS
 
 
@@ -33,9 +33,7 @@ def test_half_precision_inputs(mpirun, nprocs):
     assert f"half_checks P={nprocs}:" in out and "cases passed" in out
 
 
-@pytest.mark.mpi
-@pytest.mark.gpu
-@requires_gpu
+@gpu_mpi()
 def test_half_precision_inputs_on_the_gpu(mpirun):
     """The same with cupy float16 and torch CUDA float16 / bfloat16 (MPI backend)."""
     out = mpirun(1, "tests.mpi.half_checks", "--array", "gpu", timeout=300)

@@ -8,7 +8,8 @@ timeout here.  The CLI's one-rank cases are in tests/test_cli.py.
 """
 import pytest
 
-from support import requires_2_gpus
+from benchmarks import NVLS_OFF_ENV
+from support import gpu_mpi
 
 
 @pytest.mark.mpi
@@ -19,10 +20,9 @@ def test_one_bad_rank(mpirun, nprocs):
     assert "user wildcard receive" in out and "user collective interleaved" in out
 
 
-@pytest.mark.mpi
-@pytest.mark.gpu
-@requires_2_gpus
+@gpu_mpi(2)
 def test_one_bad_rank_on_gpus(mpirun):
     """The call cases on device arrays through NCCL, at P = 2 (two GPUs)."""
-    out = mpirun(2, "tests.mpi.one_rank_checks", "--array", "cupy", timeout=240)
+    out = mpirun(2, "tests.mpi.one_rank_checks", "--array", "cupy", timeout=240,
+                 env=NVLS_OFF_ENV)
     assert "one_rank P=2 on GPUs (NCCL, cupy):" in out and "cases passed" in out

@@ -24,7 +24,8 @@ from autotune.profile import (
     segment_at,
 )
 from collectives import ALGORITHMS
-from support import requires_gpu
+from benchmarks import NVLS_OFF_ENV
+from support import gpu_mpi
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = sorted((ROOT / "profiles").glob("*.json"))
@@ -526,9 +527,7 @@ def test_captured_norm_is_exact_and_rises_with_density():
 
 
 # -- the NCCL backend (GPU machines only) -------------------------------------------------
-@pytest.mark.mpi
-@pytest.mark.gpu
-@requires_gpu
+@gpu_mpi(2)
 def test_profile_over_nccl(tmp_path):
     """`autotune profile --device gpu --backend nccl` end to end at P=2."""
     from support import run_mpi
@@ -536,7 +535,7 @@ def test_profile_over_nccl(tmp_path):
     out = tmp_path / "nccl.json"
     run_mpi(2, "autotune.cli", "profile", "--device", "gpu", "--backend", "nccl", "--sizes",
             "tiny", "--network", "nccl-test", "--out", str(out), "--quiet",
-            timeout=600, env={"NCCL_NVLS_ENABLE": "0"})
+            timeout=600, env=NVLS_OFF_ENV)
     prof = Profile.load(out)
     d = prof.data
     assert d["fingerprint"]["backend"] == "nccl" and d["fingerprint"]["nccl_version"]

@@ -18,6 +18,7 @@ device arrays; a device NaN/Inf is reported by ``autotune.synchronize()``,
 which each such call is followed by (as a training step's end is).  The
 caller's-communicator cases are MPI-only and are left out there.
 """
+import argparse
 import faulthandler
 import sys
 import tempfile
@@ -36,7 +37,7 @@ BAD = P - 1
 PROFILES = Path(__file__).resolve().parents[2] / "profiles"
 GOOD, OTHER = str(PROFILES / "cpu_shm_p4.json"), str(PROFILES / "cpu_tcp1gbit_p4.json")
 CASE_TIMEOUT_S = 60
-DEVICE = "--array" in sys.argv[:-1] and sys.argv[sys.argv.index("--array") + 1] == "cupy"
+DEVICE = False  # --array cupy (set by main)
 SPARSE = sorted(a for a, c in ALGORITHMS.items() if c.lossy and "mpi" in c.backends)
 EXACT = sorted(a for a, c in ALGORITHMS.items() if not c.lossy and "mpi" in c.backends)
 
@@ -296,8 +297,16 @@ def user_collective(rng) -> int:
     return n
 
 
-def main() -> int:
-    seed = int(sys.argv[sys.argv.index("--seed") + 1]) if "--seed" in sys.argv else \
+def main(argv=None) -> int:
+    global DEVICE
+    ap = argparse.ArgumentParser(prog="python -m tests.mpi.one_rank_checks",
+                                 description="one bad rank never hangs the job")
+    ap.add_argument("--seed", type=int, help="default: a fresh one, printed")
+    ap.add_argument("--array", choices=("numpy", "cupy"), default="numpy",
+                    help="cupy: the call cases on device arrays, the library on NCCL")
+    args = ap.parse_args(argv)
+    DEVICE = args.array == "cupy"
+    seed = args.seed if args.seed is not None else \
         int(np.random.SeedSequence().entropy % (1 << 31))
     seed = W.bcast(seed, 0)
     rng = np.random.default_rng([seed, R])
