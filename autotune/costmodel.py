@@ -252,9 +252,13 @@ def components(machine: Machine, algorithm: str, n: int, P: int, density: float 
     """Seconds of the algorithm's latency, bandwidth and compute parts at (n, P)
     (``PARTS``; they sum to its Table 1 terms)."""
     n, P = int(n), int(P)
-    cls, M, k = _cls(algorithm), machine.at(P), _k(n, float(density))
-    return np.array([float(cls.cost(M.part(w), n, P, k, tau_prime=tau_prime, tau=tau))
-                     for w in PARTS])
+    key = ("components", algorithm, n, P, float(density), tau_prime, tau)
+    c = machine._at.get(key)
+    if c is None:
+        cls, M, k = _cls(algorithm), machine.at(P), _k(n, float(density))
+        c = machine._at[key] = np.array([float(cls.cost(M.part(w), n, P, k, tau_prime=tau_prime,
+                                                        tau=tau)) for w in PARTS])
+    return c
 
 
 def _design(machine: Machine, runs) -> dict:
@@ -335,18 +339,21 @@ def fit_terms(machine: Machine, runs) -> Machine:
         heavy = [r for r in runs if r["algorithm"] in ALGORITHMS and int(r["P"]) > 1
                  and bandwidth_bound(r)]
         if len({int(r["P"]) for r in heavy}) > 1:
+            by_law = {law: replace(machine, law=law, _at={}) for law in LAWS}
+
             def score(law):
-                m = replace(machine, law=law, _at={})
-                errs = [e for X, t, Ps, _ in _design(m, heavy).values()
+                errs = [e for X, t, Ps, _ in _design(by_law[law], heavy).values()
                         for e, _ in _p_folds(X, t, Ps)]
                 return float(np.median(errs)) if errs else math.inf
-            machine = replace(machine, law=min(LAWS, key=lambda law: (score(law), law)), _at={})
+            machine = by_law[min(LAWS, key=lambda law: (score(law), law))]  # with its cache
     weights, over = {}, {}
     for algo, (X, t, Ps, ns) in _design(machine, runs).items():
         c = _fit(X, t, Ps)
         weights[algo] = tuple(float(v) for v in c[:3])
         over[algo] = (float(c[3]), float(c[4]))
-    return replace(machine, weights=weights, overhead=over, _at={})
+    # the terms' prices (``at``, ``part``, ``components``) do not depend on the weights: the
+    # fitted machine keeps their cache, and the held-out errors reuse its design
+    return replace(machine, weights=weights, overhead=over)
 
 
 def heldout_errors(machine: Machine, runs) -> dict[str, tuple[float, float, int]]:

@@ -1,18 +1,21 @@
-"""Per-call latency on the GPU, each call synchronized, against raw ncclAllReduce.
+"""Per-call latency, each call synchronized, against the raw native allreduce.
 
     mpirun -n 2 python -m benchmarks.call_latency --log2n 10,16,20,22 \\
         --algorithms raw,nccl,dense,auto,oktopk,topka,gtopk \\
         --profile profiles/gpu_h200_nvlink_p2.json --json out.json
+    autotune launch -n 2 -m benchmarks.call_latency --device cpu --algorithms raw,mpi,dense
 
 Every round times each variant once (interleaved, after a host barrier): a call
-of ``autotune.allreduce`` on a cupy array of n float32 values, then a
-synchronize of the current stream.  ``raw`` is ncclAllReduce through the same
-NCCL communicator into a preallocated buffer.  Prints the median per variant
+of ``autotune.allreduce`` on n float32 values (GPU: a cupy array, then a
+synchronize of the current stream; CPU: a numpy array over MPI).  ``raw`` is
+ncclAllReduce (CPU: MPI_Allreduce) through the library's own communicator
+into a preallocated buffer.  Prints the median per variant
 and size (microseconds).  ``--stages ALG``: also one synchronized call of ALG
 split into its host stages (the input's view, validation, the algorithm's
 enqueue, the wait for the device), and the two pieces validation adds to a
 raw ncclAllReduce (its host exchange of two ints, its device NaN/Inf scan),
-each timed alone in the same rounds.  Where the host time of one variant
+each timed alone in the same rounds (GPU: the scan is a device kernel; on the
+CPU the stages alone).  Where the host time of one variant
 goes, function by function: ``benchmarks.call_profile``.
 """
 import argparse
@@ -34,6 +37,8 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--profile", help="profile for algorithm 'auto'")
     ap.add_argument("--json", help="write the medians here")
+    ap.add_argument("--device", choices=("gpu", "cpu"), default="gpu",
+                    help="gpu: cupy arrays over NCCL (default); cpu: numpy arrays over MPI")
     ap.add_argument("--stages", metavar="ALG", help="also split one call of ALG into stages")
     args = ap.parse_args(argv)
     import collectives
@@ -42,14 +47,19 @@ def main(argv=None) -> int:
         ap.error(f"--stages: a registered algorithm ({', '.join(collectives.ALGORITHMS)}), "
                  f"got {args.stages!r}")
 
-    import cupy as cp
-    from cupy.cuda import nccl
-
     import autotune
 
-    comm = collectives.NCCLCommunicator(collectives.MPICommunicator())
+    gpu = args.device == "gpu"
+    if gpu:
+        import cupy as xp
+        from cupy.cuda import nccl
+
+        comm = collectives.NCCLCommunicator(collectives.MPICommunicator())
+        mpi, sync = comm.mpi, xp.cuda.get_current_stream().synchronize
+    else:
+        xp, comm = np, collectives.MPICommunicator()
+        mpi, sync = comm, None
     autotune.init(comm, profile=args.profile)
-    stream = cp.cuda.get_current_stream()
     algos = args.algorithms.split(",")
     sizes = [int(s) for s in args.log2n.split(",")]
     rng = np.random.default_rng(1234 + comm.rank)
@@ -57,23 +67,26 @@ def main(argv=None) -> int:
 
     for lg in sizes:
         n = 1 << lg
-        x = cp.asarray(rng.standard_normal(n, dtype=np.float32))
-        out = cp.empty_like(x)
+        x = xp.asarray(rng.standard_normal(n, dtype=np.float32))
+        out = xp.empty_like(x)
         name = f"g{n}"
 
-        def raw():  # ncclAllReduce through the library's NCCL communicator
-            comm.nccl.allReduce(x.data.ptr, out.data.ptr, n, nccl.NCCL_FLOAT32, nccl.NCCL_SUM,
-                                stream.ptr)
+        def raw():  # the native allreduce through the library's own communicator
+            if gpu:
+                comm.nccl.allReduce(x.data.ptr, out.data.ptr, n, nccl.NCCL_FLOAT32,
+                                    nccl.NCCL_SUM, xp.cuda.get_current_stream().ptr)
+            else:
+                comm.comm.Allreduce(x, out)
 
         calls = [raw if a == "raw" else functools.partial(
             autotune.allreduce, x, name=name, algorithm=a, density=args.density) for a in algos]
         # in the order given, after a barrier each, this rank's own times (printed by rank 0)
-        times = collectives.timeit_interleaved(calls, comm=comm.mpi, warmup=args.warmup,
-                                               repeat=args.rounds, sync=stream.synchronize,
-                                               rotate=False, slowest=False)
+        times = collectives.timeit_interleaved(calls, comm=mpi, warmup=args.warmup,
+                                               repeat=args.rounds, sync=sync, rotate=False,
+                                               slowest=False)
         med = {a: float(np.median(t)) * 1e6 for a, t in zip(algos, times)}
         if args.stages:
-            med["stages"] = _stages(comm, x, raw, args, stream)
+            med["stages"] = _stages(comm, mpi, x, raw, args, sync)
         results[lg] = med
         if "auto" in algos and comm.rank == 0:
             picks = {k.name: c.algorithm for k, c in autotune.decisions().items()}
@@ -92,14 +105,12 @@ def main(argv=None) -> int:
     return 0
 
 
-def _stages(comm, x, raw, args, stream) -> dict:
+def _stages(comm, mpi, x, raw, args, sync) -> dict:
     """Median us of each host stage of one synchronized call of ``args.stages``
     (what ``autotune.allreduce`` does, step by step; the input's view is the
     library's own internal step), and of ``raw`` (ncclAllReduce) preceded by
     validation's exchange (two ints over the library's MPI communicator), or by
     its NaN/Inf scan (``kernels.flag_nonfinite``)."""
-    import cupy as cp
-
     import autotune
     import kernels
     from autotune._convert import as_array
@@ -108,15 +119,18 @@ def _stages(comm, x, raw, args, stream) -> dict:
     alg = args.stages
     algo = autotune.algorithm_instance(alg)
     kw = {"density": args.density} if algo.lossy else {}
-    mine = np.zeros(2, np.int64)
-    every = np.zeros(2 * comm.size, np.int64)
-    mask = cp.zeros(1, dtype=cp.uint64)
-    pieces = {"exchange+raw": lambda: (comm.mpi.comm.Allgather(mine, every), raw()),
-              "scan+raw": lambda: (kernels.flag_nonfinite(x, 1, mask), raw())}
+    pieces = {}
+    if args.device == "gpu":
+        mine = np.zeros(2, np.int64)
+        every = np.zeros(2 * comm.size, np.int64)
+        mask = kernels.array_module(x).zeros(1, dtype=np.uint64)
+        pieces = {"exchange+raw": lambda: (mpi.comm.Allgather(mine, every), raw()),
+                  "scan+raw": lambda: (kernels.flag_nonfinite(x, 1, mask), raw())}
+    sync = sync or (lambda: None)
     rows = []
     for r in range(args.warmup + args.rounds):
         row = []
-        comm.mpi.barrier()
+        mpi.barrier()
         t0 = time.perf_counter()
         arr, _ = as_array(x)
         t1 = time.perf_counter()
@@ -124,14 +138,14 @@ def _stages(comm, x, raw, args, stream) -> dict:
         t2 = time.perf_counter()
         algo(arr, name="stages", validated=True, **kw)
         t3 = time.perf_counter()
-        stream.synchronize()
+        sync()
         t4 = time.perf_counter()
         row += [t1 - t0, t2 - t1, t3 - t2, t4 - t3, t4 - t0]
         for f in pieces.values():
-            comm.mpi.barrier()
+            mpi.barrier()
             t0 = time.perf_counter()
             f()
-            stream.synchronize()
+            sync()
             row.append(time.perf_counter() - t0)
         if r >= args.warmup:
             rows.append(row)
