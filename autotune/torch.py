@@ -164,7 +164,8 @@ def allreduce_hook(state: HookState, bucket) -> torch.futures.Future[torch.Tenso
     (buckets in the order DDP hands them over, the same on every rank), on a
     CUDA stream of its own that first waits for the gradients' stream, so the
     backward pass goes on while buckets are reduced.  The returned future
-    holds the bucket's buffer, overwritten by the average; on CUDA it is
+    holds a new tensor with the average (DDP points the gradients at it, as
+    for torch's compression hooks: no copy back into the bucket); on CUDA it is
     stream-ordered (DDP's wait makes its stream wait for the reduction, not
     the host).  An error is raised by DDP's wait at the end of backward, on
     every rank.  After the last bucket of a step the hook reports NaN/Inf
@@ -192,31 +193,34 @@ def _reduce_bucket(state: HookState, buf, name: str, last: bool, ready, fut) -> 
     """The hook's work, on the background thread."""
     try:
         if ready is None:
-            _reduce_into(state, buf, name, last)
-            fut.set_result(buf)
+            fut.set_result(_reduce(state, buf, name, last))
             return
         import cupy
 
-        stream = _stream(buf.device)
+        stream, cupy_stream = _stream(buf.device)
         with cupy.cuda.Device(buf.device.index), torch.cuda.device(buf.device), \
-                torch.cuda.stream(stream), cupy.cuda.ExternalStream(stream.cuda_stream):
+                torch.cuda.stream(stream), cupy_stream:
             stream.wait_event(ready)
-            _reduce_into(state, buf, name, last)
-            fut.set_result(buf)  # records the completion on this stream
+            fut.set_result(_reduce(state, buf, name, last))  # records the completion here
     except BaseException as e:  # noqa: BLE001 - raised by DDP's wait, on every rank
         fut.set_exception(e)
 
 
-def _reduce_into(state: HookState, buf, name: str, last: bool) -> None:
-    buf.copy_(state.sgd.allreduce(buf, name))
+def _reduce(state: HookState, buf, name: str, last: bool):
+    out = state.sgd.allreduce(buf, name)
     if last:
         state.sgd.advance()
+    return out
 
 
 @functools.cache
-def _stream(device) -> "torch.cuda.Stream":
-    """The library's CUDA stream on ``device``: reductions run there."""
-    return torch.cuda.Stream(device=device)
+def _stream(device) -> tuple:
+    """The library's CUDA stream on ``device``, where reductions run: (torch's
+    handle, cupy's handle of the same stream)."""
+    import cupy
+
+    stream = torch.cuda.Stream(device=device)
+    return stream, cupy.cuda.ExternalStream(stream.cuda_stream, device.index)
 
 
 @functools.cache

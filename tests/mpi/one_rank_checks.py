@@ -244,11 +244,43 @@ def cases(rng, tmp: Path):
         yield "DistributedOptimizer algorithm", optimizer_algorithm
         yield "HookState algorithm", lambda: raises_everywhere(
             lambda: at.HookState(algorithm=_bad("nope", "oktopk"), density=0.01))
+        if DEVICE and torch.cuda.is_available():
+            yield "DDP hook NaN gradient", lambda: ddp_hook_nan(torch, at)
 
     # -- the caller's own traffic on the caller's communicator --------------------------
     if P > 1 and not DEVICE:
         yield "user wildcard receive", lambda: user_wildcard_receive(rng)
         yield "user collective interleaved", lambda: user_collective(rng)
+
+
+def ddp_hook_nan(torch, at) -> int:
+    """A NaN gradient on one rank at step 1 of a DDP model on GPUs (NCCL) is
+    raised on every rank by that step's backward (the hook's end-of-step report)."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    at.init_process_group("nccl")
+    dev = torch.device("cuda", autotune.dispatch.communicator().device)
+    torch.cuda.set_device(dev)
+    torch.manual_seed(0)
+    model = DDP(torch.nn.Linear(8, 4).to(dev), device_ids=[dev.index])
+    state = at.HookState(algorithm="dense", prefix="nan")
+    model.register_comm_hook(state, at.allreduce_hook)
+    raised = None
+    for step in range(4):
+        x = torch.ones(2, 8, device=dev)
+        if step == 1 and R == BAD:
+            x[0, 0] = float("nan")
+        model.zero_grad(set_to_none=True)  # a NaN gradient does not carry over to later steps
+        try:
+            model(x).sum().backward()
+        except Exception as e:  # noqa: BLE001 - DDP's wait re-raises the hook's error
+            raised = (step, "NaN or Inf" in str(e))
+            break
+    torch.cuda.synchronize()
+    state.close()
+    seen = W.allgather(raised)
+    assert all(s == (1, True) for s in seen), f"expected (step 1, NaN) everywhere: {seen}"
+    return 1
 
 
 def _every_algorithm(rng, tag: str) -> int:
