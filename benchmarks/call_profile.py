@@ -2,7 +2,9 @@
 
     mpirun -n 4 python -m benchmarks.call_profile N ALGORITHM cpu|gpu
 
-gpu: cupy arrays through NCCL.  10 warm-up calls, then 30 profiled; prints the
+gpu: cupy arrays through NCCL.  ``--api``: through ``autotune.allreduce`` (validation and
+dispatch included) instead of the algorithm object.  10 warm-up calls, then ``--calls``
+profiled (default 30); prints the
 time per call (inflated by cProfile) and the 22 functions with the most own
 time.  Used to find where Ok-Topk's fixed cost per call goes (BENCHMARKS.md,
 "Cost model and its error" / "Fixed cost per call").
@@ -22,6 +24,8 @@ def main(argv=None) -> int:
     ap.add_argument("algorithm", help="a registered algorithm name")
     ap.add_argument("device", choices=("cpu", "gpu"))
     ap.add_argument("--density", type=float, default=0.01)
+    ap.add_argument("--calls", type=int, default=30)
+    ap.add_argument("--api", action="store_true", help="profile autotune.allreduce")
     args = ap.parse_args(argv)
 
     import collectives
@@ -34,7 +38,16 @@ def main(argv=None) -> int:
         sync = xp.cuda.Device().synchronize
     else:
         xp, sync = np, (lambda: None)
-    A = ALGORITHMS[args.algorithm](comm)
+    if args.api:
+        import autotune
+
+        autotune.init(comm)
+        density = args.density if ALGORITHMS[args.algorithm].lossy else None
+
+        def A(x, **kw):
+            return autotune.allreduce(x, algorithm=args.algorithm, **dict(kw, density=density))
+    else:
+        A = ALGORITHMS[args.algorithm](comm)
     rng = np.random.default_rng(comm.rank)
     x = xp.asarray(rng.standard_t(2, args.n).astype(np.float32))
     for _ in range(10):
@@ -44,11 +57,11 @@ def main(argv=None) -> int:
     pr = cProfile.Profile()
     t0 = time.perf_counter()
     pr.enable()
-    for _ in range(30):
+    for _ in range(args.calls):
         A(x, name="g", density=args.density)
     sync()
     pr.disable()
-    dt = (time.perf_counter() - t0) / 30
+    dt = (time.perf_counter() - t0) / args.calls
     if comm.rank == 0:
         print(f"== {args.algorithm} n={args.n} P={comm.size} {args.device}: "
               f"{dt*1e3:.3f} ms/call (under cProfile)")
