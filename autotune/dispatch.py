@@ -338,6 +338,12 @@ def _forget(which, agreed, problem, what) -> list[str]:
     return sorted(freed)
 
 
+def decision(name, arr) -> Choice | None:
+    """The cached auto decision for tensor ``name`` given as ``arr`` (a numpy or
+    cupy array, as ``reduce_array`` got it), or None: one lookup."""
+    return _CTX.choices.get(_key(communicator(), name, arr))
+
+
 def decisions() -> dict:
     """The cached auto decisions: :class:`Key` -> :class:`Choice` (``str()`` of a
     Choice is one readable line; ``print_decisions()`` prints them all)."""
@@ -378,7 +384,13 @@ def _decide(comm, n: int, name, density) -> Choice:
 
 def _key(comm, name, arr) -> Key:
     device = "gpu" if type(arr).__module__.startswith("cupy") else "cpu"
-    return Key(name, tuple(arr.shape), str(arr.dtype), comm.size, device)
+    dtype = _DTYPE_NAMES.get(arr.dtype)
+    if dtype is None:
+        dtype = _DTYPE_NAMES[arr.dtype] = str(arr.dtype)
+    return Key(name, tuple(arr.shape), dtype, comm.size, device)
+
+
+_DTYPE_NAMES: dict = {}  # numpy's str(dtype) is slow enough to show on a per-tensor path
 
 
 def _as_array_or_problem(tensor):

@@ -249,8 +249,8 @@ class SparseSGD:
         if lr is not None:
             out = _divide(out, lr, back)
         self.comm_seconds += time.perf_counter() - t0
-        self.bytes_sent += moved.total().bytes_sent
-        self.last_algorithm = _resolved(algorithm, name)
+        self.bytes_sent += moved.bytes_sent()
+        self.last_algorithm = _resolved(algorithm, name, send)
         if self.momentum and ALGORITHMS[self.last_algorithm].lossy:
             # momentum factor masking: where this rank's accumulated value reached
             # the result (its residual is zero there) that momentum has been applied
@@ -395,14 +395,10 @@ def _check_arguments(algorithm, density, warmup_steps, density_warmup, momentum,
                          f"got {learning_rate!r}")
 
 
-def _resolved(algorithm: str, name: str) -> str:
-    """What ``auto`` chose for ``name`` (the dispatcher's cached decision)."""
-    if algorithm != "auto":
-        return algorithm
-    for key, choice in dispatch.decisions().items():
-        if key and key[0] == name:
-            return choice.algorithm
-    return algorithm
+def _resolved(algorithm: str, name: str, arr) -> str:
+    """What ``auto`` chose for ``name`` sent as ``arr`` (the dispatcher's cached decision)."""
+    choice = dispatch.decision(name, arr) if algorithm == "auto" else None
+    return algorithm if choice is None else choice.algorithm
 
 
 def _divide(out, lr: float, back):

@@ -69,6 +69,10 @@ class Traffic:
             t = t + c
         return t
 
+    def bytes_sent(self) -> int:
+        """``total().bytes_sent`` without the sum of every counter."""
+        return sum(c.bytes_sent for c in self.phases.values())
+
     def copy(self) -> "Traffic":
         return Traffic({k: PhaseCounters(**vars(v)) for k, v in self.phases.items()})
 
