@@ -15,7 +15,10 @@ float32 with TF32 matmuls (``--amp``: bfloat16 autocast).  Variants: ``compute``
 returning the bucket unreduced: compute and DDP's bookkeeping, no communication), ``ddp``
 (DDP's default allreduce), ``fp16`` (fp16_compress_hook), ``powersgdR`` (powerSGD_hook at
 rank R from step max(2, warmup // 2)), ``at:ALG`` (``autotune.torch.allreduce_hook``,
-``HookState(algorithm=ALG, density=--density)``).  On CPUs ``at:nccl`` is skipped, and
+``HookState(algorithm=ALG, density=--density)``), ``spin:US`` / ``idle:US`` (no communication:
+a background thread holds each bucket US microseconds spinning in Python, holding the GIL,
+or sleeping; what Python on a hook's thread costs the backward pass).  Rank 0's host time in
+``backward()`` is reported per variant too.  On CPUs ``at:nccl`` is skipped, and
 ``powersgdR`` where the model spans several DDP buckets (gloo mismatches its allreduces).
 Each variant: a fresh model (same seed on every rank, checked, so DDP's broadcast is
 skipped) in a fresh DDP; ``--warmup`` steps, then ``--steps`` timed ones between
@@ -40,6 +43,7 @@ import platform
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -87,10 +91,37 @@ def _no_comm(state, bucket) -> torch.futures.Future[torch.Tensor]:
     return fut
 
 
+def _thread_only(state, bucket) -> torch.futures.Future[torch.Tensor]:
+    """``spin:US`` / ``idle:US``: no communication either; a background thread
+    holds each bucket US microseconds, spinning in Python (holding the GIL) or
+    sleeping (GIL released), then returns it unreduced: what Python on a hook's
+    thread costs the backward pass, apart from any communication."""
+    how, seconds = state
+    buf = bucket.buffer()
+    fut = torch.futures.Future(devices=[buf.device] if buf.is_cuda else None)
+
+    def hold():
+        t0 = time.perf_counter()
+        if how == "spin":
+            while time.perf_counter() - t0 < seconds:
+                pass
+        else:
+            time.sleep(seconds)
+        fut.set_result(buf)
+
+    _HOLDER.submit(hold)
+    return fut
+
+
+_HOLDER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="train_step-hold")
+
+
 def _attach(ddp, variant: str, args):
     """Register ``variant``'s hook on ``ddp``; returns the library's HookState or None."""
     if variant == "compute":
         ddp.register_comm_hook(None, _no_comm)
+    elif variant[:5] in ("spin:", "idle:"):
+        ddp.register_comm_hook((variant[:4], int(variant[5:]) * 1e-6), _thread_only)
     elif variant == "fp16":
         ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
     elif variant.startswith("powersgd"):
@@ -109,9 +140,11 @@ def _variants(text: str) -> list:
     out = [v for v in text.split(",") if v]
     for v in out:
         if not (v in ("compute", "ddp", "fp16") or (v[:8] == "powersgd" and v[8:].isdigit())
+                or (v[:5] in ("spin:", "idle:") and v[5:].isdigit())
                 or (v[:3] == "at:" and (v[3:] == "auto" or v[3:] in collectives.ALGORITHMS))):
             raise argparse.ArgumentTypeError(f"unknown variant {v!r}: {', '.join(VARIANTS)}, "
-                                             "powersgdR or at:<a registered algorithm>")
+                                             "powersgdR, at:<a registered algorithm>, spin:US "
+                                             "or idle:US")
     return list(dict.fromkeys(out))
 
 
@@ -189,7 +222,7 @@ def _one_variant(variant, args, dev, batches, *, check: bool, check_init: bool):
               bucket_cap_mb=args.bucket_mb, init_sync=False)
     state = _attach(ddp, variant, args)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr)
-    taken = [0]
+    taken, backward = [0], []
 
     def step():
         x = batches[taken[0] % len(batches)]
@@ -197,7 +230,10 @@ def _one_variant(variant, args, dev, batches, *, check: bool, check_init: bool):
         opt.zero_grad()
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=args.amp):
             logits = ddp(x[:, :-1])
-        F.cross_entropy(logits.flatten(0, 1).float(), x[:, 1:].flatten()).backward()
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), x[:, 1:].flatten())
+        t0 = time.perf_counter()
+        loss.backward()  # returns once DDP's futures are done on the host (not the device)
+        backward.append(time.perf_counter() - t0)
         opt.step()
 
     # each step ends with a device synchronize; this rank's times (the max is taken below)
@@ -205,8 +241,9 @@ def _one_variant(variant, args, dev, batches, *, check: bool, check_init: bool):
                                sync=torch.cuda.synchronize if dev.type == "cuda" else None)
     t = torch.tensor(times, dtype=torch.float64, device=dev)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    if check and variant != "compute":
-        rec["identical"] = _digests_agree(model)
+    rec["backward_ms"] = [round(1e3 * b, 3) for b in backward[args.warmup:]]  # this rank's
+    if check and variant != "compute" and variant[:5] not in ("spin:", "idle:"):
+        rec["identical"] = _digests_agree(model)  # (those variants do not communicate)
     if state is not None:
         rec["hook"] = state.sgd.stats()
         rec["auto_decisions"] = {
@@ -253,12 +290,14 @@ def bench(argv) -> int:
         print(f"{label} profile {profile}; variants {','.join(variants)}; skipped "
               f"{skipped or 'none'}", flush=True)
     times, recs = {v: [] for v in variants}, {v: {} for v in variants}
+    bwd = {v: [] for v in variants}  # rank 0's host time in backward(), per timed step
     for r in range(args.rounds):
         for i, v in enumerate(variants if r % 2 == 0 else variants[::-1]):
             t0 = time.perf_counter()
             t, rec = _one_variant(v, args, dev, batches, check=r == 0, check_init=r + i == 0)
             _release(dev)
             times[v] += t
+            bwd[v] += rec.pop("backward_ms")
             recs[v].update(rec)
             if rank == 0:
                 print(f"{label} round {r + 1}/{args.rounds} {v}: median {1e3 * np.median(t):.1f} "
@@ -267,7 +306,9 @@ def bench(argv) -> int:
     out = {}
     for v in variants:
         ms = 1e3 * np.asarray(times[v])
+        recs[v]["backward_ms"] = bwd[v]
         out[v] = {"median_ms": float(np.median(ms)), "p10_ms": float(np.percentile(ms, 10)),
+                  "backward_median_ms": float(np.median(bwd[v])),
                   "p90_ms": float(np.percentile(ms, 90)), "steps": len(ms),
                   "vs_compute": med[v] / med["compute"] if "compute" in med else None,
                   "vs_ddp": med[v] / med["ddp"] if "ddp" in med else None,
@@ -322,6 +363,10 @@ def table(results: list) -> str:
             shown = ", ".join(f"{a} x{picks.count(a)}" for a in sorted(set(picks))) or "nothing"
             lines.append(f"- {where}: at:auto picked {shown} (profile {r['profile']})")
         lines += [f"- {where}: {v} skipped: {why}" for v, why in r.get("skipped", {}).items()]
+        bwd = [f"{v} {x['backward_median_ms']:.1f}" for v, x in r["variants"].items()
+               if "backward_median_ms" in x]
+        if bwd:
+            lines.append(f"- {where}: backward() on the host, rank 0, median ms: {', '.join(bwd)}")
         bad = [v for v, x in r["variants"].items() if x.get("identical") is False]
         if bad:
             lines.append(f"- {where}: replicas NOT bitwise identical after {', '.join(bad)}")

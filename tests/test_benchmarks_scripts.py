@@ -23,6 +23,8 @@ def test_train_step_table_and_issue_checks():
                      picks=["topka"] * 3)
     nvlink = result("nvlink", {"compute": 58, "ddp": 63, "at:nccl": 64, "at:topka": 80,
                                "at:gtopk": 90, "at:auto": 70}, picks=["nccl", "nccl"])
+    nvlink["variants"]["compute"]["backward_median_ms"] = 16.9
+    nvlink["variants"]["at:nccl"]["backward_median_ms"] = 30.1
     text = train_step.table([sockets, nvlink])
     lines = text.splitlines()
     assert lines[2] == "| variant | nvlink P=2 | sockets P=2 |"   # NVLink first
@@ -30,6 +32,9 @@ def test_train_step_table_and_issue_checks():
     assert "| powersgd1 | - | 85.0 ms (0.28x) |" in lines
     assert "- nvlink P=2: at:auto picked nccl x2 (profile p.json)" in lines
     assert "- sockets P=2: replicas NOT bitwise identical after at:gtopk" in lines
+    assert "- nvlink P=2: backward() on the host, rank 0, median ms: compute 16.9, at:nccl 30.1" \
+        in lines
+    assert not any("sockets P=2: backward()" in ln for ln in lines)   # not measured there
     checks = [ln for ln in lines if "PASS" in ln or "FAIL" in ln]
     assert checks == [
         "- nvlink P=2: PASS at:nccl 1.016x ddp (<= 1.05)",
