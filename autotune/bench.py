@@ -113,7 +113,7 @@ def resolve_order(order: str, device: str) -> str:
 
 def _row(comm, n, name, density, times, timed) -> dict:
     med = float(np.median(times))
-    sent = max(t.total().bytes_sent for t in timed)
+    sent = max(t.bytes_sent() for t in timed)
     sent = int(comm.control_allreduce(np.array([sent], dtype=np.int64), "max")[0])
     kinds: dict[str, float] = {}
     for t in timed:

@@ -11,6 +11,7 @@ needs a stable name to keep its residual under.
 """
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -384,13 +385,12 @@ def _decide(comm, n: int, name, density) -> Choice:
 
 def _key(comm, name, arr) -> Key:
     device = "gpu" if type(arr).__module__.startswith("cupy") else "cpu"
-    dtype = _DTYPE_NAMES.get(arr.dtype)
-    if dtype is None:
-        dtype = _DTYPE_NAMES[arr.dtype] = str(arr.dtype)
-    return Key(name, tuple(arr.shape), dtype, comm.size, device)
+    return Key(name, tuple(arr.shape), _dtype_name(arr.dtype), comm.size, device)
 
 
-_DTYPE_NAMES: dict = {}  # numpy's str(dtype) is slow enough to show on a per-tensor path
+@functools.cache
+def _dtype_name(dtype) -> str:
+    return str(dtype)  # numpy's str(dtype) is slow enough to show on a per-tensor path
 
 
 def _as_array_or_problem(tensor):

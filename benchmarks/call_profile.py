@@ -42,10 +42,11 @@ def main(argv=None) -> int:
         import autotune
 
         autotune.init(comm)
-        density = args.density if ALGORITHMS[args.algorithm].lossy else None
+        lossy = ALGORITHMS[args.algorithm].lossy
 
-        def A(x, **kw):
-            return autotune.allreduce(x, algorithm=args.algorithm, **dict(kw, density=density))
+        def A(x, *, name, density):
+            return autotune.allreduce(x, name=name, algorithm=args.algorithm,
+                                      density=density if lossy else None)
     else:
         A = ALGORITHMS[args.algorithm](comm)
     rng = np.random.default_rng(comm.rank)

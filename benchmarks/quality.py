@@ -99,7 +99,7 @@ def run(comm, *, n: int, density: float, iters: int, warmup: int, configs, seed:
             cap.append(float(np.linalg.norm(AT[delivered])) / norm_t if norm_t else 1.0)
             err.append(float(np.linalg.norm(out - ideal)) / norm_t if norm_t else 0.0)
             nnz.append(int(np.count_nonzero(out)) / k)
-            lbytes.append(algo.last_traffic.total().bytes_sent)
+            lbytes.append(algo.last_traffic.bytes_sent())
             # held back: what error feedback still owes, in calls' worth of gradient
             world.Allreduce(algo.state("grad").residual.astype(np.float64), R, op=MPI.SUM)
             world.Allreduce(x.astype(np.float64), X, op=MPI.SUM)

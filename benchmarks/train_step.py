@@ -114,13 +114,18 @@ def _thread_only(state, bucket) -> torch.futures.Future[torch.Tensor]:
 
 
 _HOLDER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="train_step-hold")
+HOLDS = ("spin:", "idle:")  # the variants of _thread_only
+
+
+def _communicates(variant: str) -> bool:
+    return variant != "compute" and not variant.startswith(HOLDS)
 
 
 def _attach(ddp, variant: str, args):
     """Register ``variant``'s hook on ``ddp``; returns the library's HookState or None."""
     if variant == "compute":
         ddp.register_comm_hook(None, _no_comm)
-    elif variant[:5] in ("spin:", "idle:"):
+    elif variant.startswith(HOLDS):
         ddp.register_comm_hook((variant[:4], int(variant[5:]) * 1e-6), _thread_only)
     elif variant == "fp16":
         ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
@@ -140,7 +145,7 @@ def _variants(text: str) -> list:
     out = [v for v in text.split(",") if v]
     for v in out:
         if not (v in ("compute", "ddp", "fp16") or (v[:8] == "powersgd" and v[8:].isdigit())
-                or (v[:5] in ("spin:", "idle:") and v[5:].isdigit())
+                or (v.startswith(HOLDS) and v[5:].isdigit())
                 or (v[:3] == "at:" and (v[3:] == "auto" or v[3:] in collectives.ALGORITHMS))):
             raise argparse.ArgumentTypeError(f"unknown variant {v!r}: {', '.join(VARIANTS)}, "
                                              "powersgdR, at:<a registered algorithm>, spin:US "
@@ -242,8 +247,8 @@ def _one_variant(variant, args, dev, batches, *, check: bool, check_init: bool):
     t = torch.tensor(times, dtype=torch.float64, device=dev)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     rec["backward_ms"] = [round(1e3 * b, 3) for b in backward[args.warmup:]]  # this rank's
-    if check and variant != "compute" and variant[:5] not in ("spin:", "idle:"):
-        rec["identical"] = _digests_agree(model)  # (those variants do not communicate)
+    if check and _communicates(variant):
+        rec["identical"] = _digests_agree(model)
     if state is not None:
         rec["hook"] = state.sgd.stats()
         rec["auto_decisions"] = {
@@ -290,14 +295,14 @@ def bench(argv) -> int:
         print(f"{label} profile {profile}; variants {','.join(variants)}; skipped "
               f"{skipped or 'none'}", flush=True)
     times, recs = {v: [] for v in variants}, {v: {} for v in variants}
-    bwd = {v: [] for v in variants}  # rank 0's host time in backward(), per timed step
+    bwd = {v: [] for v in variants}  # this rank's host time in backward(), per timed step
     for r in range(args.rounds):
         for i, v in enumerate(variants if r % 2 == 0 else variants[::-1]):
             t0 = time.perf_counter()
             t, rec = _one_variant(v, args, dev, batches, check=r == 0, check_init=r + i == 0)
             _release(dev)
             times[v] += t
-            bwd[v] += rec.pop("backward_ms")
+            bwd[v] += rec.pop("backward_ms")  # rank 0's is what goes into the JSON
             recs[v].update(rec)
             if rank == 0:
                 print(f"{label} round {r + 1}/{args.rounds} {v}: median {1e3 * np.median(t):.1f} "
@@ -306,9 +311,8 @@ def bench(argv) -> int:
     out = {}
     for v in variants:
         ms = 1e3 * np.asarray(times[v])
-        recs[v]["backward_ms"] = bwd[v]
         out[v] = {"median_ms": float(np.median(ms)), "p10_ms": float(np.percentile(ms, 10)),
-                  "backward_median_ms": float(np.median(bwd[v])),
+                  "backward_median_ms": float(np.median(bwd[v])), "backward_ms": bwd[v],
                   "p90_ms": float(np.percentile(ms, 90)), "steps": len(ms),
                   "vs_compute": med[v] / med["compute"] if "compute" in med else None,
                   "vs_ddp": med[v] / med["ddp"] if "ddp" in med else None,

@@ -6,7 +6,7 @@
     comm = MPICommunicator()
     algo = ALGORITHMS["gtopk"](comm)
     out = algo(grad, name="fc1.weight", density=0.01)
-    print(algo.last_traffic.total().bytes_sent)
+    print(algo.last_traffic.bytes_sent())
 """
 from ._base import (ALGORITHMS, BACKENDS, ITEM, Algorithm, Prices, SparseAllreduce,
                     SparseState, ceil_log2, register, unregister)

@@ -280,7 +280,7 @@ class CallRecord:
 
     def __repr__(self) -> str:
         return (f"CallRecord({self.algorithm.name!r}, name={self.name!r}, size={self.size}, "
-                f"density={self.density}, bytes_sent={self.traffic.total().bytes_sent})")
+                f"density={self.density}, bytes_sent={self.traffic.bytes_sent()})")
 
 
 class Observation:

@@ -173,7 +173,7 @@ def _time_algorithm(comm, cls, n: int, density, pool, plan, sync):
     reps = int(max(2, min(plan["algo_repeat"], plan["algo_budget_s"] // max(t1, 1e-9))))
     traffics.clear()
     times = timeit(call, comm=comm, warmup=0, repeat=reps, sync=sync)
-    sent = max(t.total().bytes_sent for t in traffics)
+    sent = max(t.bytes_sent() for t in traffics)
     sent = int(_agree_max(comm, float(sent)))
     mean = np.zeros(len(_KINDS))
     for t in traffics:
