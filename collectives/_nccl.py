@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._comm import Communicator, MPICommunicator
+from ._validate import _device_flags
 
 __all__ = ["NCCLCommunicator"]
 
@@ -65,6 +66,7 @@ class NCCLCommunicator(Communicator):
             np.dtype(np.int64): nccl.NCCL_INT64, np.dtype(np.uint8): nccl.NCCL_UINT8,
         }
         self._ops = {"sum": nccl.NCCL_SUM, "max": nccl.NCCL_MAX, "min": nccl.NCCL_MIN}
+        self._avg = 4 if nccl.get_version() >= 21000 else None  # ncclAvg
         self._pending: list[_Deferred] = []
 
     # helpers
@@ -187,6 +189,29 @@ class NCCLCommunicator(Communicator):
             self.nccl.allReduce(buf.data.ptr, out.data.ptr, buf.size, self._t(buf), self._ops[op],
                                 self._stream)
         return out
+
+    def mean_inplace(self, x, stream, tag: str = "") -> int:
+        """Average the device array ``x`` over the ranks in place, enqueued on
+        ``stream`` (a cupy stream; ``ExternalStream`` for another library's),
+        nothing read back: ``x`` is first scanned for NaN / Inf into the device
+        flags (reported by ``report_nonfinite`` under ``tag``), then
+        ncclAllReduce averages it (ncclAvg: each rank scales by 1/P, NCCL sums;
+        bitwise identical on every rank).  Counted as the native allreduce;
+        returns the bytes this rank sent.  No agreement check: for
+        callers that checked ``x``'s layout across ranks once (``validate``)
+        and reduce the same layout again in the same order on every rank (the
+        DDP hook's buckets).  ``x``: C-contiguous float32 / float64 on this
+        communicator's device."""
+        with stream:
+            _device_flags(self).note(x, tag)
+            op = self._ops["sum"] if self._avg is None else self._avg  # ncclAvg: NCCL >= 2.10
+            self.nccl.allReduce(x.data.ptr, x.data.ptr, x.size, self._t(x), op, stream.ptr)
+            if self._avg is None:
+                x *= 1.0 / self.size
+        p = self.size
+        b = -(-2 * x.nbytes * (p - 1) // p) if p > 1 else 0
+        self._count(b, b, 2 * (p - 1) if p > 1 else 0, 2 * (p - 1) if p > 1 else 0)
+        return b
 
     def _bcast(self, buf, root):
         if not self._dev(buf):
