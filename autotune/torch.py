@@ -34,17 +34,17 @@ dtype (``autotune._convert``).
 # no ``from __future__ import annotations``: DDP checks the hook's return
 # annotation against the real torch.futures.Future[torch.Tensor] object
 import atexit
+import contextlib
 import functools
 import hashlib
 import os
 import socket
 import zlib
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
 
-from collectives import agree
+from collectives import ALGORITHMS, NCCLCommunicator, agree, validate
 
 from . import dispatch
 from .training import SparseSGD
@@ -131,7 +131,7 @@ class HookState:
     statistics: steps, bytes sent, seconds in communication).
     """
 
-    __slots__ = ("sgd",)
+    __slots__ = ("sgd", "current", "auto_exact", "_names", "_lane")
 
     def __init__(self, *, algorithm: str = "auto", density: float | None = None,
                  warmup_steps: int = 1, prefix: str = "ddp", momentum: float = 0.0,
@@ -141,76 +141,196 @@ class HookState:
                              warmup_steps=warmup_steps, flat=True, prefix=prefix,
                              momentum=momentum, density_warmup=density_warmup,
                              tau_prime=tau_prime, tau=tau, learning_rate=learning_rate)
+        self.current = _Step()  # the backward pass in flight
+        self.auto_exact = None  # with "auto": whether its pick for the model is exact
+        self._names: dict = {}  # (bucket index, numel, shapes) -> the bucket's name
+        self._lane: dict = {}   # bucket name -> its cupy view, checked across ranks once
 
     def close(self) -> list[str]:
         """Free the library's state for this hook's buckets (``SparseSGD.close``;
         collective), once the DDP model it is registered on is done with:
         every rank, after its last backward pass has completed."""
+        self._names.clear()
+        self._lane.clear()
+        self.auto_exact = None
         return self.sgd.close()
+
+    # -- used by allreduce_hook ---------------------------------------------------------
+    def path(self, buf) -> str:
+        """This step's path (``allreduce_hook``), decided at its first bucket."""
+        sgd = self.sgd
+        algorithm = sgd.current_algorithm
+        warm = sgd.step < sgd.warmup_steps
+        exact = warm or (algorithm == "auto" and self.auto_exact) or \
+            (algorithm != "auto" and not ALGORITHMS[algorithm].lossy)
+        if not exact:
+            return "group"
+        lane = (buf.is_cuda and not sgd.momentum and buf.dtype in (torch.float32, torch.float64)
+                and (warm or algorithm in ("auto", "nccl"))
+                and isinstance(dispatch.communicator(), NCCLCommunicator))
+        return "lane" if lane else "each" if algorithm != "auto" or warm else "group"
+
+    def bucket_name(self, bucket, buf) -> str:
+        """``bucket<index>.n<numel>.<layout>``, cached per index and shapes."""
+        key = (bucket.index(), buf.numel(), tuple(p.shape for p in bucket.parameters()))
+        name = self._names.get(key)
+        if name is None:
+            layout = zlib.crc32(repr([tuple(s) for s in key[2]]).encode())
+            name = self._names[key] = f"bucket{key[0]}.n{key[1]}.{layout:08x}"
+        return name
+
+    def lane(self, buf, name: str, stream):
+        """The "lane" path: ``buf`` averaged in place on ``stream`` (cupy's handle
+        of the library's stream); its layout checked across ranks the first time."""
+        import cupy
+
+        comm = dispatch.communicator()
+        view = self._lane.get(name)
+        if view is None or view.data.ptr != buf.data_ptr():
+            view = cupy.asarray(buf)
+            tag = f"str:{self.sgd.prefix}.{name}"
+            validate(comm, view, check_finite=False, tag=tag, call="nccl/mean")
+            self._lane[name] = view
+        self.sgd.bytes_sent += comm.mean_inplace(view, stream, tag=f"str:{self.sgd.prefix}.{name}")
+        self.sgd.last_algorithm = "nccl"
+        return buf
+
+    def end_step(self) -> None:
+        """After the last bucket: report NaN/Inf on every rank, count the step."""
+        self.sgd.advance()
 
 
 def allreduce_hook(state: HookState, bucket) -> torch.futures.Future[torch.Tensor]:
-    """DDP communication hook: average each bucket through ``autotune.allreduce``.
+    """DDP communication hook: average each bucket through the library.
 
-    Each ``GradBucket``'s flat buffer is one tensor to the allreduce, named
-    ``<prefix>.bucket<index>.n<numel>.<layout>`` (layout: a checksum of its
-    parameters' shapes in order, the same on every rank) so its
-    error-feedback residual and, with momentum correction, its velocity
-    follow it from step to step; when DDP rebuilds its buckets after the
-    first iteration, a bucket whose parameters changed starts fresh state
-    instead of adding the old state to other coordinates.
+    Runs on DDP's own thread, in the order DDP hands buckets over (the same on
+    every rank), and enqueues its work on a CUDA stream of the library's that
+    first waits for the gradients' stream: no background thread, whose Python
+    would hold the GIL the backward pass needs.  Each step takes one of three
+    paths, the same on every rank:
 
-    Asynchronous: the reduction runs on the library's one background thread
-    (buckets in the order DDP hands them over, the same on every rank), on a
-    CUDA stream of its own that first waits for the gradients' stream, so the
-    backward pass goes on while buckets are reduced.  The returned future
-    holds a new tensor with the average (DDP points the gradients at it, as
-    for torch's compression hooks: no copy back into the bucket); on CUDA it is
-    stream-ordered (DDP's wait makes its stream wait for the reduction, not
-    the host).  An error is raised by DDP's wait at the end of backward, on
-    every rank.  After the last bucket of a step the hook reports NaN/Inf
-    found on the device on every rank (``autotune.synchronize``).
+    * exact steps on NCCL (the warm-up, ``algorithm="nccl"``, or ``"auto"``
+      once it picked an exact algorithm for the model), float32 / float64
+      buckets, no momentum correction: each bucket is averaged in place by
+      ncclAllReduce as it becomes ready (overlapping the rest of backward),
+      after a NaN/Inf scan into a device flag.  A bucket layout's agreement
+      across ranks (``collectives.validate``) is checked the first time it
+      is seen; after that a bucket costs a few launches and no host round
+      trip (``NCCLCommunicator.mean_inplace``).
+    * lossy steps (a sparse algorithm, or ``"auto"`` until it picked an exact
+      one): the buckets are gathered and the whole model goes through one
+      ``autotune.allreduce`` when the last bucket arrives, as one flat tensor
+      named ``<prefix>.model.n<numel>.<layout>`` (as the Ok-Topk reference and
+      ``DistributedOptimizer(flat=True)`` do: k = density x model size,
+      chosen across layers, and one call's fixed cost per step instead of
+      one per bucket).
+    * other exact steps (``"dense"`` or ``"mpi"`` chosen, a CPU model, momentum
+      correction during warm-up): each bucket through ``autotune.allreduce``
+      under ``<prefix>.bucket<index>.n<numel>.<layout>``.
+
+    Layout: a checksum of the parameters' shapes in order, the same on every
+    rank; when DDP rebuilds its buckets after the first iteration, state
+    (residuals, velocities) starts fresh instead of adding the old state to
+    other coordinates.
+
+    The returned future holds the average (the bucket itself, or a new
+    tensor DDP points the gradients at); on CUDA it is stream-ordered (DDP's
+    wait makes its stream wait for the reduction, not the host).  An error
+    is raised by DDP's wait at the end of backward, on every rank.  After the
+    last bucket of a step the hook reports NaN/Inf found on the device on
+    every rank (``autotune.synchronize``: one device synchronize per step).
 
     Use::
 
         ddp.register_comm_hook(HookState(algorithm="oktopk", density=0.01), allreduce_hook)
     """
     buf = bucket.buffer()
-    layout = zlib.crc32(repr([tuple(p.shape) for p in bucket.parameters()]).encode())
-    name = f"bucket{bucket.index()}.n{buf.numel()}.{layout:08x}"
-    last = bucket.is_last()
-    if buf.is_cuda:
-        ready = torch.cuda.Event()
-        ready.record()
-        fut = torch.futures.Future(devices=[buf.device])
+    fut = torch.futures.Future(devices=[buf.device] if buf.is_cuda else None)
+    step = state.current
+    try:
+        if step.path is None:
+            step.path = state.path(buf)
+        name = state.bucket_name(bucket, buf)
+        step.layouts.append(name)
+        stream = _stream(buf.device) if buf.is_cuda else None
+        if stream is not None:
+            stream[0].wait_stream(torch.cuda.current_stream(buf.device))
+        if step.path == "group":
+            step.pending.append((buf, fut))
+            if bucket.is_last():
+                with _on(stream):
+                    _reduce_group(state, step)
+        else:
+            with _on(stream):
+                if step.path == "lane":
+                    out = state.lane(buf, name, stream[1])
+                else:
+                    out = state.sgd.allreduce(buf, name)
+                if bucket.is_last():
+                    state.end_step()
+                fut.set_result(out)   # on CUDA: records the completion on the stream
+    except BaseException as e:  # noqa: BLE001 - raised by DDP's wait, on every rank
+        for _, f in step.pending:
+            if not f.done():
+                f.set_exception(e)
+        if not fut.done():
+            fut.set_exception(e)
+        state.current = _Step()
     else:
-        ready, fut = None, torch.futures.Future()
-    _worker().submit(_reduce_bucket, state, buf, name, last, ready, fut)
+        if bucket.is_last():
+            state.current = _Step()
     return fut
 
 
-def _reduce_bucket(state: HookState, buf, name: str, last: bool, ready, fut) -> None:
-    """The hook's work, on the background thread."""
-    try:
-        if ready is None:
-            fut.set_result(_reduce(state, buf, name, last))
-            return
+class _Step:
+    """What the hook keeps during one backward pass."""
+
+    __slots__ = ("path", "layouts", "pending")
+
+    def __init__(self):
+        self.path = None      # "lane", "group" or "each"
+        self.layouts = []     # the buckets' names so far
+        self.pending = []     # (bucket buffer, future), "group" path
+
+
+def _reduce_group(state: HookState, step: _Step) -> None:
+    """The "group" path at the last bucket: one allreduce of the whole model."""
+    bufs = [b for b, _ in step.pending]
+    flat = torch.cat(bufs) if len(bufs) > 1 else bufs[0]
+    layout = zlib.crc32(" ".join(step.layouts).encode())
+    out = state.sgd.allreduce(flat, f"model.n{flat.numel()}.{layout:08x}")
+    if state.sgd.algorithm == "auto":
+        state.auto_exact = not ALGORITHMS[state.sgd.last_algorithm].lossy
+    state.end_step()
+    off = 0
+    for b, f in step.pending:
+        f.set_result(out[off:off + b.numel()].view_as(b))
+        off += b.numel()
+
+
+class _On:
+    """Context: torch's and cupy's current stream and device set to the library's."""
+
+    __slots__ = ("cms",)
+
+    def __init__(self, stream):
         import cupy
 
-        stream, cupy_stream = _stream(buf.device)
-        with cupy.cuda.Device(buf.device.index), torch.cuda.device(buf.device), \
-                torch.cuda.stream(stream), cupy_stream:
-            stream.wait_event(ready)
-            fut.set_result(_reduce(state, buf, name, last))  # records the completion here
-    except BaseException as e:  # noqa: BLE001 - raised by DDP's wait, on every rank
-        fut.set_exception(e)
+        torch_stream, cupy_stream = stream
+        self.cms = (cupy.cuda.Device(cupy_stream.device_id), torch.cuda.stream(torch_stream),
+                    cupy_stream)
+
+    def __enter__(self):
+        for cm in self.cms:
+            cm.__enter__()
+
+    def __exit__(self, *exc):
+        for cm in reversed(self.cms):
+            cm.__exit__(*exc)
 
 
-def _reduce(state: HookState, buf, name: str, last: bool):
-    out = state.sgd.allreduce(buf, name)
-    if last:
-        state.sgd.advance()
-    return out
+def _on(stream):
+    return contextlib.nullcontext() if stream is None else _On(stream)
 
 
 @functools.cache
@@ -221,13 +341,6 @@ def _stream(device) -> tuple:
 
     stream = torch.cuda.Stream(device=device)
     return stream, cupy.cuda.ExternalStream(stream.cuda_stream, device.index)
-
-
-@functools.cache
-def _worker() -> ThreadPoolExecutor:
-    """The one background thread: jobs run in the order they are submitted, so
-    every rank issues its collectives in the order DDP hands buckets over."""
-    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="autotune-hook")
 
 
 # -- Horovod-style optimizer -------------------------------------------------------------

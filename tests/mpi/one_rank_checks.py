@@ -255,32 +255,37 @@ def cases(rng, tmp: Path):
 
 def ddp_hook_nan(torch, at) -> int:
     """A NaN gradient on one rank at step 1 of a DDP model on GPUs (NCCL) is
-    raised on every rank by that step's backward (the hook's end-of-step report)."""
+    raised on every rank by that step's backward (the hook's end-of-step
+    report), on each of the hook's paths: "each" (dense), "lane" (nccl),
+    "group" (topka)."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     at.init_process_group("nccl")
     dev = torch.device("cuda", autotune.dispatch.communicator().device)
     torch.cuda.set_device(dev)
-    torch.manual_seed(0)
-    model = DDP(torch.nn.Linear(8, 4).to(dev), device_ids=[dev.index])
-    state = at.HookState(algorithm="dense", prefix="nan")
-    model.register_comm_hook(state, at.allreduce_hook)
-    raised = None
-    for step in range(4):
-        x = torch.ones(2, 8, device=dev)
-        if step == 1 and R == BAD:
-            x[0, 0] = float("nan")
-        model.zero_grad(set_to_none=True)  # a NaN gradient does not carry over to later steps
-        try:
-            model(x).sum().backward()
-        except Exception as e:  # noqa: BLE001 - DDP's wait re-raises the hook's error
-            raised = (step, "NaN or Inf" in str(e))
-            break
-    torch.cuda.synchronize()
-    state.close()
-    seen = W.allgather(raised)
-    assert all(s == (1, True) for s in seen), f"expected (step 1, NaN) everywhere: {seen}"
-    return 1
+    for algorithm in ("dense", "nccl", "topka"):
+        torch.manual_seed(0)
+        model = DDP(torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.Linear(64, 4)).to(dev),
+                    device_ids=[dev.index], bucket_cap_mb=0.001)  # several buckets
+        state = at.HookState(algorithm=algorithm, density=0.1, prefix=f"nan.{algorithm}")
+        model.register_comm_hook(state, at.allreduce_hook)
+        raised = None
+        for step in range(4):
+            x = torch.ones(2, 8, device=dev)
+            if step == 1 and R == BAD:
+                x[0, 0] = float("nan")
+            model.zero_grad(set_to_none=True)  # a NaN gradient does not carry over
+            try:
+                model(x).sum().backward()
+            except Exception as e:  # noqa: BLE001 - DDP's wait re-raises the hook's error
+                raised = (step, "NaN or Inf" in str(e))
+                break
+        torch.cuda.synchronize()
+        state.close()
+        seen = W.allgather(raised)
+        assert all(s == (1, True) for s in seen), \
+            f"{algorithm}: expected (step 1, NaN) everywhere: {seen}"
+    return 3
 
 
 def _every_algorithm(rng, tag: str) -> int:
