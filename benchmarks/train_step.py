@@ -13,7 +13,9 @@ heads, FFN 4 x d_model, vocabulary 32000, 16 x 128 tokens per rank: 216.9M param
 next-token cross-entropy on seeded random tokens (different per rank), SGD; on GPUs
 float32 with TF32 matmuls (``--amp``: bfloat16 autocast).  Variants: ``compute`` (a hook
 returning the bucket unreduced: compute and DDP's bookkeeping, no communication), ``ddp``
-(DDP's default allreduce), ``fp16`` (fp16_compress_hook), ``powersgdR`` (powerSGD_hook at
+(DDP's default allreduce), ``fp16`` (fp16_compress_hook), ``allreduce`` (torch's
+allreduce_hook: DDP's allreduce from a Python hook, what any Python hook costs at
+least), ``powersgdR`` (powerSGD_hook at
 rank R from step max(2, warmup // 2)), ``at:ALG`` (``autotune.torch.allreduce_hook``,
 ``HookState(algorithm=ALG, density=--density)``), ``spin:US`` / ``idle:US`` (no communication:
 a background thread holds each bucket US microseconds spinning in Python, holding the GIL,
@@ -129,6 +131,8 @@ def _attach(ddp, variant: str, args):
         ddp.register_comm_hook((variant[:4], int(variant[5:]) * 1e-6), _thread_only)
     elif variant == "fp16":
         ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    elif variant == "allreduce":
+        ddp.register_comm_hook(None, default_hooks.allreduce_hook)
     elif variant.startswith("powersgd"):
         ddp.register_comm_hook(powerSGD_hook.PowerSGDState(
             None, matrix_approximation_rank=int(variant[8:]),
@@ -144,7 +148,8 @@ def _attach(ddp, variant: str, args):
 def _variants(text: str) -> list:
     out = [v for v in text.split(",") if v]
     for v in out:
-        if not (v in ("compute", "ddp", "fp16") or (v[:8] == "powersgd" and v[8:].isdigit())
+        if not (v in ("compute", "ddp", "fp16", "allreduce")
+                or (v[:8] == "powersgd" and v[8:].isdigit())
                 or (v.startswith(HOLDS) and v[5:].isdigit())
                 or (v[:3] == "at:" and (v[3:] == "auto" or v[3:] in collectives.ALGORITHMS))):
             raise argparse.ArgumentTypeError(f"unknown variant {v!r}: {', '.join(VARIANTS)}, "
