@@ -144,7 +144,7 @@ class HookState:
         self.current = _Step()  # the backward pass in flight
         self.auto_exact = None  # with "auto": whether its pick for the model is exact
         self._names: dict = {}  # (bucket index, numel, shapes) -> the bucket's name
-        self._lane: dict = {}   # bucket name -> its cupy view, checked across ranks once
+        self._lane: dict = {}   # bucket name -> (its cupy view, checked across ranks once; tag)
 
     def close(self) -> list[str]:
         """Free the library's state for this hook's buckets (``SparseSGD.close``;
@@ -179,21 +179,19 @@ class HookState:
             name = self._names[key] = f"bucket{key[0]}.n{key[1]}.{layout:08x}"
         return name
 
-    def lane(self, buf, name: str, stream):
+    def lane(self, buf, name: str, stream) -> None:
         """The "lane" path: ``buf`` averaged in place on ``stream`` (cupy's handle
         of the library's stream); its layout checked across ranks the first time."""
         import cupy
 
         comm = dispatch.communicator()
-        view = self._lane.get(name)
+        view, tag = self._lane.get(name, (None, None))
         if view is None or view.data.ptr != buf.data_ptr():
-            view = cupy.asarray(buf)
-            tag = f"str:{self.sgd.prefix}.{name}"
+            view, tag = cupy.asarray(buf), f"str:{self.sgd.prefix}.{name}"
             validate(comm, view, check_finite=False, tag=tag, call="nccl/mean")
-            self._lane[name] = view
-        self.sgd.bytes_sent += comm.mean_inplace(view, stream, tag=f"str:{self.sgd.prefix}.{name}")
+            self._lane[name] = view, tag
+        self.sgd.bytes_sent += comm.mean_inplace(view, stream, tag=tag)
         self.sgd.last_algorithm = "nccl"
-        return buf
 
     def end_step(self) -> None:
         """After the last bucket: report NaN/Inf on every rank, count the step."""
@@ -233,8 +231,10 @@ def allreduce_hook(state: HookState, bucket) -> torch.futures.Future[torch.Tenso
     (residuals, velocities) starts fresh instead of adding the old state to
     other coordinates.
 
-    The returned future holds the average (the bucket itself, or a new
-    tensor DDP points the gradients at); on CUDA it is stream-ordered (DDP's
+    The returned future holds the average: the bucket itself (a reduction
+    of the whole model is copied back into the buckets, since DDP reads a
+    result tensor from its storage's start), or on the "each" path the new
+    tensor of ``autotune.allreduce``.  On CUDA it is stream-ordered (DDP's
     wait makes its stream wait for the reduction, not the host).  An error
     is raised by DDP's wait at the end of backward, on every rank.  After the
     last bucket of a step the hook reports NaN/Inf found on the device on
@@ -245,28 +245,31 @@ def allreduce_hook(state: HookState, bucket) -> torch.futures.Future[torch.Tenso
         ddp.register_comm_hook(HookState(algorithm="oktopk", density=0.01), allreduce_hook)
     """
     buf = bucket.buffer()
-    fut = torch.futures.Future(devices=[buf.device] if buf.is_cuda else None)
+    lane = _lane(buf.device) if buf.is_cuda else None
+    fut = torch.futures.Future(devices=[buf.device] if lane else None)
     step = state.current
+    last = bucket.is_last()
     try:
         if step.path is None:
             step.path = state.path(buf)
         name = state.bucket_name(bucket, buf)
         step.layouts.append(name)
-        stream = _stream(buf.device) if buf.is_cuda else None
-        if stream is not None:
-            stream[0].wait_stream(torch.cuda.current_stream(buf.device))
-        if step.path == "group":
+        current = lane.follow() if lane else None  # the library's stream waits for the gradients'
+        if step.path == "lane":
+            state.lane(buf, name, lane.cupy)
+            if last:
+                with lane.cupy:
+                    state.end_step()
+            lane.complete(fut, buf, current)
+        elif step.path == "group":
             step.pending.append((buf, fut))
-            if bucket.is_last():
-                with _on(stream):
+            if last:
+                with _on(lane):
                     _reduce_group(state, step)
         else:
-            with _on(stream):
-                if step.path == "lane":
-                    out = state.lane(buf, name, stream[1])
-                else:
-                    out = state.sgd.allreduce(buf, name)
-                if bucket.is_last():
+            with _on(lane):
+                out = state.sgd.allreduce(buf, name)
+                if last:
                     state.end_step()
                 fut.set_result(out)   # on CUDA: records the completion on the stream
     except BaseException as e:  # noqa: BLE001 - raised by DDP's wait, on every rank
@@ -277,7 +280,7 @@ def allreduce_hook(state: HookState, bucket) -> torch.futures.Future[torch.Tenso
             fut.set_exception(e)
         state.current = _Step()
     else:
-        if bucket.is_last():
+        if last:
             state.current = _Step()
     return fut
 
@@ -303,22 +306,59 @@ def _reduce_group(state: HookState, step: _Step) -> None:
         state.auto_exact = not ALGORITHMS[state.sgd.last_algorithm].lossy
     state.end_step()
     off = 0
-    for b, f in step.pending:
-        f.set_result(out[off:off + b.numel()].view_as(b))
+    for b, f in step.pending:  # DDP reads a result from its storage's start: no slices
+        if len(step.pending) > 1 or out is not b:
+            b.copy_(out[off:off + b.numel()].view_as(b))
+        f.set_result(b)
         off += b.numel()
 
 
+class _Lane:
+    """The library's CUDA stream on one device, where reductions run: torch's
+    and cupy's handles of it and an event to order it after another stream,
+    through the CUDA runtime directly (the hook's per-bucket host cost is the
+    backward pass's: torch's Python stream helpers cost more than the
+    collective's launch)."""
+
+    __slots__ = ("device", "torch", "ptr", "cupy", "event")
+
+    def __init__(self, device):
+        import cupy
+
+        self.device = device
+        self.torch = torch.cuda.Stream(device=device)
+        self.ptr = self.torch.cuda_stream
+        self.cupy = cupy.cuda.ExternalStream(self.ptr, device.index)
+        self.event = cupy.cuda.Event(disable_timing=True)
+
+    def follow(self):
+        """Make this stream wait for the current one's work so far; returns that stream."""
+        from cupy.cuda import runtime
+
+        current = torch.cuda.current_stream(self.device)
+        runtime.eventRecord(self.event.ptr, current.cuda_stream)
+        runtime.streamWaitEvent(self.ptr, self.event.ptr, 0)
+        return current
+
+    def complete(self, fut, value, current) -> None:
+        """Complete the CUDA future ``fut`` with ``value`` once this stream's
+        work so far is done (its waiters wait on the device, not the host)."""
+        torch.cuda.set_stream(self.torch)
+        try:
+            fut.set_result(value)
+        finally:
+            torch.cuda.set_stream(current)
+
+
 class _On:
-    """Context: torch's and cupy's current stream and device set to the library's."""
+    """Context: torch's and cupy's current stream and device set to a lane's."""
 
     __slots__ = ("cms",)
 
-    def __init__(self, stream):
+    def __init__(self, lane: _Lane):
         import cupy
 
-        torch_stream, cupy_stream = stream
-        self.cms = (cupy.cuda.Device(cupy_stream.device_id), torch.cuda.stream(torch_stream),
-                    cupy_stream)
+        self.cms = (cupy.cuda.Device(lane.device.index), torch.cuda.stream(lane.torch), lane.cupy)
 
     def __enter__(self):
         for cm in self.cms:
@@ -329,18 +369,13 @@ class _On:
             cm.__exit__(*exc)
 
 
-def _on(stream):
-    return contextlib.nullcontext() if stream is None else _On(stream)
+def _on(lane):
+    return contextlib.nullcontext() if lane is None else _On(lane)
 
 
 @functools.cache
-def _stream(device) -> tuple:
-    """The library's CUDA stream on ``device``, where reductions run: (torch's
-    handle, cupy's handle of the same stream)."""
-    import cupy
-
-    stream = torch.cuda.Stream(device=device)
-    return stream, cupy.cuda.ExternalStream(stream.cuda_stream, device.index)
+def _lane(device) -> _Lane:
+    return _Lane(device)
 
 
 # -- Horovod-style optimizer -------------------------------------------------------------

@@ -202,11 +202,11 @@ class NCCLCommunicator(Communicator):
         and reduce the same layout again in the same order on every rank (the
         DDP hook's buckets).  ``x``: C-contiguous float32 / float64 on this
         communicator's device."""
-        with stream:
-            _device_flags(self).note(x, tag)
-            op = self._ops["sum"] if self._avg is None else self._avg  # ncclAvg: NCCL >= 2.10
-            self.nccl.allReduce(x.data.ptr, x.data.ptr, x.size, self._t(x), op, stream.ptr)
-            if self._avg is None:
+        _device_flags(self).note(x, tag, stream)
+        op = self._ops["sum"] if self._avg is None else self._avg  # ncclAvg: NCCL >= 2.10
+        self.nccl.allReduce(x.data.ptr, x.data.ptr, x.size, self._t(x), op, stream.ptr)
+        if self._avg is None:
+            with stream:
                 x *= 1.0 / self.size
         p = self.size
         b = -(-2 * x.nbytes * (p - 1) // p) if p > 1 else 0

@@ -269,24 +269,28 @@ class DeviceFlags:
         self.masks: dict = {}
         self.bits: dict = {}
 
-    def note(self, x, tag: str) -> None:
+    def note(self, x, tag: str, stream=None) -> None:
+        """Enqueue the scan of ``x`` on ``stream`` (default: the current one)."""
         dev = x.device.id
         mask = self.masks.get(dev)
         if mask is None:
             with x.device:
                 mask = self.masks[dev] = kernels.array_module(x).zeros(1, dtype=np.uint64)
+                x.device.synchronize()  # once: before scans on any stream set bits
         bit = self.bits.get(tag)
         if bit is None:
             bit = self.bits[tag] = min(len(self.bits), 63)
-        kernels.flag_nonfinite(x, 1 << bit, mask)
+        kernels.flag_nonfinite(x, 1 << bit, mask, stream)
 
     def collect(self) -> int:
-        """The OR of every device's mask (a read-back per device), then zeroed."""
+        """The OR of every device's mask (a read-back per device on the current
+        stream, which must follow the scans), then zeroed before any later scan."""
         found = 0
         for mask in self.masks.values():
             with mask.device:
                 found |= int(mask.get()[0])
                 mask.fill(0)
+                mask.device.synchronize()  # the next scan may be on another stream
         return found
 
     def names(self, mask: int) -> list[str]:

@@ -37,11 +37,12 @@ def cuda_kernels(x):
     return _cuda
 
 
-def flag_nonfinite(x, bit: int, mask) -> None:
+def flag_nonfinite(x, bit: int, mask, stream=None) -> None:
     """Device arrays only: set ``bit`` in the one-word uint64 device array
     ``mask`` if the C-contiguous float32 / float64 ``x`` holds NaN or Inf, on
-    the current stream, with no read-back (``kernels/cuda/checks.cu``)."""
-    cuda_kernels(x).flag_nonfinite(x, bit, mask)
+    ``stream`` (default: the current one), with no read-back
+    (``kernels/cuda/checks.cu``)."""
+    cuda_kernels(x).flag_nonfinite(x, bit, mask, stream)
 
 
 def fast_float32(x):

@@ -129,7 +129,7 @@ def case_ddp() -> int:
 
     at.init_process_group("gloo")
     n = 0
-    finals = {}
+    finals, exact = {}, set()
     for algorithm in ["default", "dense", "auto", *SPARSE]:
         model = model_fn(seed=RANK)            # DDP broadcasts rank 0's at construction
         net = DDP(model, bucket_cap_mb=0.001)  # ~1 KB buckets: several per step
@@ -152,6 +152,8 @@ def case_ddp() -> int:
             picks = {c.algorithm for k, c in autotune.decisions().items()
                      if (k.name or "").startswith(f"ddp.{algorithm}.")}
             lossy = algorithm in SPARSE or any(ALGORITHMS[a].lossy for a in picks)
+            if not lossy:
+                exact.add(algorithm)
             freed = state.close()  # the buckets' residuals leave the library
             check(bool(freed) == bool(lossy) and all(f.startswith(f"ddp.{algorithm}.")
                                                       for f in freed),
@@ -161,9 +163,11 @@ def case_ddp() -> int:
                   f"ddp {algorithm}: states left after close")
         finals[algorithm] = [p.detach().clone() for p in model.parameters()]
         n += 1
-    for p, q in zip(finals["default"], finals["dense"]):
-        check(torch.allclose(p, q, rtol=1e-4, atol=1e-6),
-              f"ddp: the dense hook differs from DDP's allreduce by {max_diff(p, q):.3g}")
+    check("dense" in exact, f"ddp: exact hooks {exact}")
+    for algorithm in sorted(exact):  # "auto" too, where it picked exact algorithms only
+        for p, q in zip(finals["default"], finals[algorithm]):
+            check(torch.allclose(p, q, rtol=1e-4, atol=1e-6),
+                  f"ddp: the {algorithm} hook differs from DDP's allreduce by {max_diff(p, q):.3g}")
     return n
 
 
