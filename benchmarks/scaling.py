@@ -13,8 +13,9 @@ Subcommands (outside MPI; ``measure`` launches the ranks itself):
     python -m benchmarks.scaling model scaling_plain.json scaling_slow.json --max-P 8
     # Piz Daint projection for the paper's models, P = 16..256, with an error band
     python -m benchmarks.scaling project --band-from profile.json
-    # PNGs (docs/img/scaling_*.png) and the markdown tables for docs/BENCHMARKS.md
-    python -m benchmarks.scaling plot scaling_plain.json scaling_slow.json --outdir docs/img
+    # PNGs (docs/img/scaling_*.png; the projection with its band) and the markdown tables
+    python -m benchmarks.scaling plot scaling_plain.json scaling_slow.json --outdir docs/img \\
+        --band-from profile.json
     python -m benchmarks.scaling report scaling_plain.json scaling_slow.json
 
 ``measure`` runs ``autotune bench``'s ``sweep`` once per P under ``mpiexec -n P``
@@ -379,15 +380,19 @@ def error_table(summaries: dict) -> str:
 
 
 # -- plots -------------------------------------------------------------------------
-def _panels(count: int):
-    """A headless figure with ``count`` panels side by side: (figure, axes row)."""
+def _pyplot():
+    """matplotlib.pyplot on the headless backend."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, count, figsize=(5 * count, 4.2), squeeze=False)
-    return fig, axes[0]
+    return plt
+
+
+def _panels(count: int, rows: int = 1):
+    """A headless figure with ``rows`` x ``count`` panels: (figure, axes grid)."""
+    return _pyplot().subplots(rows, count, figsize=(5 * count, 4.2 * rows), squeeze=False)
 
 
 def _log_panel(ax, xlabel: str, ylabel: str, title: str) -> None:
@@ -414,7 +419,7 @@ def plot_measured(res: dict, outdir, prof: dict | None = None) -> Path:
     rows = res["rows"]
     sizes = sorted({r["n"] for r in rows})
     algos = _algos(rows)
-    fig, axes = _panels(len(sizes))
+    fig, (axes,) = _panels(len(sizes))
     colors = {a: _color(a) for a in algos}
     M = machine_at(prof) if prof is not None else None
     for ax, n in zip(axes, sizes):
@@ -435,11 +440,18 @@ def plot_measured(res: dict, outdir, prof: dict | None = None) -> Path:
     return _save(fig, Path(outdir) / f"scaling_measured_{res['network']}.png")
 
 
+BAND_ALGOS = ("dense", "oktopk", "gtopk", "topka")  # drawn with their bands (the rest: clutter)
+
+
 def plot_projection(proj, outdir) -> Path:
+    """Predicted speedup over dense vs P, one panel per model; with bands
+    (``project(band_from=...)``) a second row: predicted ms per allreduce of
+    ``BAND_ALGOS`` with each prediction's band shaded."""
     models = list(dict.fromkeys(r["model"] for r in proj))
     algos = [a for a in proj[0]["pred_s"] if a != "dense"]
-    fig, axes = _panels(len(models))
-    for ax, m in zip(axes, models):
+    banded = "band_s" in proj[0]
+    fig, grid = _panels(len(models), 2 if banded else 1)
+    for ax, m in zip(grid[0], models):
         rs = [r for r in proj if r["model"] == m]
         P = [r["P"] for r in rs]
         for a in algos:
@@ -452,11 +464,26 @@ def plot_projection(proj, outdir) -> Path:
         ax.axhline(1.0, color="k", lw=0.6)
         _log_panel(ax, "P (GPUs)", "predicted speedup over dense allreduce",
                    f"{m}: n={rs[0]['n'] / 1e6:.1f}M, density {100 * rs[0]['density']:g}%")
-    for ax in axes:
-        if PAPER_REPORTED.get(ax.get_title().split(":")[0]):
+        if PAPER_REPORTED.get(m):
             ax.legend(fontsize=6, loc="lower left")
-    axes[0].legend(fontsize=7, ncol=2)
-    fig.suptitle("Cost model with profiles/piz_daint.json (published figures, not measured)",
+    grid[0][0].legend(fontsize=7, ncol=2)
+    if banded:
+        for ax, m in zip(grid[1], models):
+            rs = [r for r in proj if r["model"] == m]
+            P = [r["P"] for r in rs]
+            for a in BAND_ALGOS:
+                if a not in rs[0]["band_s"]:
+                    continue
+                ax.plot(P, [1e3 * r["pred_s"][a] for r in rs], "o-", ms=3, label=a,
+                        color=_color(a), lw=2.2 if a == "oktopk" else 1.0)
+                ax.fill_between(P, [1e3 * r["band_s"][a][0] for r in rs],
+                                [1e3 * r["band_s"][a][1] for r in rs], color=_color(a),
+                                alpha=0.15, lw=0)
+            _log_panel(ax, "P (GPUs)", "predicted ms per allreduce (band shaded)",
+                       f"{m}: predicted time and its error band")
+        grid[1][0].legend(fontsize=7)
+    fig.suptitle("Cost model with profiles/piz_daint.json (published figures, not measured)"
+                 + ("; bands: a measured profile's held-out errors" if banded else ""),
                  fontsize=9)
     return _save(fig, Path(outdir) / "scaling_projected_piz_daint.png")
 
@@ -513,6 +540,8 @@ def main(argv=None) -> int:
         s.add_argument("--daint", default=DAINT, help="profile for the projection")
         if name == "plot":
             s.add_argument("--outdir", default=".")
+            s.add_argument("--band-from", metavar="PROFILE",
+                           help="draw the projection with this measured profile's error band")
         if name == "model":
             s.add_argument("--points", action="store_true", help="also print every point")
             s.add_argument("--max-P", type=int, help="only the points up to this P")
@@ -580,7 +609,8 @@ def main(argv=None) -> int:
         for res in results:
             prof = override if override is not None else res.get("profile")
             print(plot_measured(res, args.outdir, prof))
-        print(plot_projection(project(daint), args.outdir))
+        band = _load_profile_file(args.band_from) if args.band_from else None
+        print(plot_projection(project(daint, band_from=band), args.outdir))
         return 0
     # report
     parts = []

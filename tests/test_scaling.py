@@ -108,8 +108,12 @@ def test_tables_plots_and_cli(tmp_path):
 
     pm = scaling.plot_measured(_result(rows), tmp_path, SHM)
     pp = scaling.plot_projection(scaling.project(DAINT), tmp_path)
-    for p in (pm, pp):
+    (tmp_path / "band").mkdir()
+    pb = scaling.plot_projection(scaling.project(DAINT, band_from=SHM), tmp_path / "band")
+    for p in (pm, pp, pb):
         assert p.name.startswith("scaling_") and p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    height = lambda p: int.from_bytes(p.read_bytes()[20:24], "big")  # noqa: E731 - PNG IHDR
+    assert height(pb) > 1.8 * height(pp)  # the band's row of panels
 
     f = tmp_path / "plain.json"
     f.write_text(json.dumps(_result(rows)))
