@@ -39,6 +39,24 @@ def test_topk_matches_sort(dist, n):
         assert kernels.kth_magnitude(x, k) == kth
 
 
+@pytest.mark.parametrize("k", [1000, 3000, 4096])
+def test_kth_from_a_misleading_sample(k):
+    """The numpy k-th largest partitions only the entries above a bound taken
+    from a strided sample; data whose sample overstates the large values (every
+    16th entry large in the first half only: the bound leaves fewer than k
+    candidates) must still give the exact answer (the whole array partitioned).
+    The candidates' own path: test_topk_matches_sort at n = 65537, k = n // 100."""
+    n = 1 << 16
+    x = RNG.uniform(-1, 1, n).astype(np.float32)
+    x[: n // 2 : 16] = RNG.uniform(10, 11, n // 32)
+    mag = np.abs(x)
+    kth = np.sort(mag)[::-1][k - 1]
+    assert kernels.kth_magnitude(x, k) == kth
+    above = np.flatnonzero(mag > kth)
+    want = np.sort(np.concatenate([above, np.flatnonzero(mag == kth)[: k - above.size]]))
+    assert np.array_equal(kernels.topk_indices(x, k), want)
+
+
 def test_topk_is_deterministic_and_prefers_low_indices_on_ties():
     x = np.ones(10, np.float32)
     assert kernels.topk_indices(x, 3).tolist() == [0, 1, 2]
