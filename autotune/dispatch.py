@@ -358,6 +358,14 @@ def print_decisions(file=None) -> None:
               f"{choice}", file=file)
 
 
+def choose(n: int, *, name: str | None, density: float | None = None) -> Choice:
+    """What ``algorithm="auto"`` picks for a tensor of ``n`` elements named
+    ``name`` (None: exact algorithms only) at ``density``, without a tensor:
+    rank 0 asks the selector, every rank receives its answer; not cached.
+    Collective."""
+    return _decide(communicator(), int(n), name, density)
+
+
 def _decide(comm, n: int, name, density) -> Choice:
     """Rank 0 asks the selector and broadcasts; an error there is raised on every rank."""
     sel = _CTX.selector

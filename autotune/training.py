@@ -272,11 +272,13 @@ class SparseSGD:
         u += arr
         return u
 
-    def advance(self) -> None:
+    def advance(self, *, report: bool = True) -> None:
         """Count one optimizer step (warm-up and statistics follow it), after
         reporting NaN/Inf found on the device during it on every rank
-        (``autotune.synchronize``; collective)."""
-        dispatch.synchronize()
+        (``autotune.synchronize``; collective), unless ``report`` is False
+        (a caller that checked the step itself)."""
+        if report:
+            dispatch.synchronize()
         if self.step < self.warmup_steps:
             self.dense_steps += 1
         else:

@@ -16,8 +16,10 @@ returning the bucket unreduced: compute and DDP's bookkeeping, no communication)
 (DDP's default allreduce), ``fp16`` (fp16_compress_hook), ``allreduce`` (torch's
 allreduce_hook: DDP's allreduce from a Python hook, what any Python hook costs at
 least), ``powersgdR`` (powerSGD_hook at
-rank R from step max(2, warmup // 2)), ``at:ALG`` (``autotune.torch.allreduce_hook``,
-``HookState(algorithm=ALG, density=--density)``), ``spin:US`` / ``idle:US`` (no communication:
+rank R from step max(2, warmup // 2)), ``at:ALG`` (``autotune.torch.register(ddp,
+HookState(algorithm=ALG, density=--density))``: the hook, or for NCCL's own average DDP's
+native allreduce plus the library's checks), ``hook:ALG`` (that state through
+``allreduce_hook`` whatever the algorithm), ``spin:US`` / ``idle:US`` (no communication:
 a background thread holds each bucket US microseconds spinning in Python, holding the GIL,
 or sleeping; what Python on a hook's thread costs the backward pass).  Rank 0's host time in
 ``backward()`` is reported per variant too.  On CPUs ``at:nccl`` is skipped, and
@@ -137,10 +139,14 @@ def _attach(ddp, variant: str, args):
         ddp.register_comm_hook(powerSGD_hook.PowerSGDState(
             None, matrix_approximation_rank=int(variant[8:]),
             start_powerSGD_iter=max(2, args.warmup // 2)), powerSGD_hook.powerSGD_hook)
-    elif variant.startswith("at:"):
-        state = at.HookState(algorithm=variant[3:], density=args.density,
-                             prefix=f"train_step.{variant[3:]}")
-        ddp.register_comm_hook(state, at.allreduce_hook)
+    elif variant.startswith(("at:", "hook:")):
+        alg = variant.split(":")[1]
+        state = at.HookState(algorithm=alg, density=args.density,
+                             prefix=f"train_step.{variant.replace(':', '.')}")
+        if variant.startswith("at:"):
+            at.register(ddp, state)  # what a user calls: the hook, or DDP's native allreduce
+        else:
+            ddp.register_comm_hook(state, at.allreduce_hook)
         return state
     return None
 
@@ -151,10 +157,11 @@ def _variants(text: str) -> list:
         if not (v in ("compute", "ddp", "fp16", "allreduce")
                 or (v[:8] == "powersgd" and v[8:].isdigit())
                 or (v.startswith(HOLDS) and v[5:].isdigit())
-                or (v[:3] == "at:" and (v[3:] == "auto" or v[3:] in collectives.ALGORITHMS))):
+                or (v.split(":")[0] in ("at", "hook")
+                    and v.split(":", 1)[1] in ("auto", *collectives.ALGORITHMS))):
             raise argparse.ArgumentTypeError(f"unknown variant {v!r}: {', '.join(VARIANTS)}, "
-                                             "powersgdR, at:<a registered algorithm>, spin:US "
-                                             "or idle:US")
+                                             "powersgdR, at:<a registered algorithm>, "
+                                             "hook:<one>, spin:US or idle:US")
     return list(dict.fromkeys(out))
 
 
@@ -255,13 +262,13 @@ def _one_variant(variant, args, dev, batches, *, check: bool, check_init: bool):
     if check and _communicates(variant):
         rec["identical"] = _digests_agree(model)
     if state is not None:
-        rec["hook"] = state.sgd.stats()
+        rec["hook"] = {**state.sgd.stats(), "native": state.native}
         rec["auto_decisions"] = {
             k.name: {"algorithm": c.algorithm, "density": c.density, "calls": c.calls,
                      "predicted_ms": c.predicted_s and 1e3 * c.predicted_s,
                      "measured_ms": c.measured_s and 1e3 * c.measured_s}
             for k, c in autotune.decisions().items()
-            if variant == "at:auto" and (k.name or "").startswith(state.sgd.prefix + ".")}
+            if variant.endswith(":auto") and (k.name or "").startswith(state.sgd.prefix + ".")}
         state.close()  # the residuals go: the next round's fresh model starts afresh
     return t.tolist(), rec
 
@@ -286,7 +293,7 @@ def bench(argv) -> int:
                                                   args.heads, args.seq).parameters())
     skipped = {}
     for v in args.variants if dev.type == "cpu" else ():
-        if v == "at:nccl":
+        if v in ("at:nccl", "hook:nccl"):
             skipped[v] = "the nccl algorithm needs an NCCL communicator (GPUs)"
         if v[:8] == "powersgd" and 4 * params > min(1, args.bucket_mb) * 2**20:  # a bucket
             skipped[v] = ("over gloo with several DDP buckets PowerSGD's allreduces, issued "
@@ -367,10 +374,15 @@ def table(results: list) -> str:
     lines.append("")
     for r in results:
         where = f"{r['network']} P={r['P']}"
-        if "at:auto" in r["variants"]:
-            picks = [d["algorithm"] for d in r["variants"]["at:auto"]["auto_decisions"].values()]
+        for v in ("at:auto", "hook:auto"):
+            rec = r["variants"].get(v)
+            if rec is None:
+                continue
+            picks = [d["algorithm"] for d in rec["auto_decisions"].values()]
             shown = ", ".join(f"{a} x{picks.count(a)}" for a in sorted(set(picks))) or "nothing"
-            lines.append(f"- {where}: at:auto picked {shown} (profile {r['profile']})")
+            if rec.get("hook", {}).get("native"):
+                shown = "nccl for the model (DDP's native allreduce, register())"
+            lines.append(f"- {where}: {v} picked {shown} (profile {r['profile']})")
         lines += [f"- {where}: {v} skipped: {why}" for v, why in r.get("skipped", {}).items()]
         bwd = [f"{v} {x['backward_median_ms']:.1f}" for v, x in r["variants"].items()
                if "backward_median_ms" in x]

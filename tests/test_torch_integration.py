@@ -298,7 +298,7 @@ def test_torch_integrations_keep_replicas_identical(mpirun, nprocs):
     broadcast_parameters; at P = 3 also bfloat16 and float16 models (flat, per layer,
     momentum correction, the DDP hook): replicas identical, dtypes kept."""
     pytest.importorskip("torch")
-    cases = ["ddp", "broadcast", "optimizer"] + (["half"] if nprocs == 3 else [])
+    cases = ["ddp", "native", "broadcast", "optimizer"] + (["half"] if nprocs == 3 else [])
     out = mpirun(nprocs, "tests.mpi.torch_checks", "--cases", ",".join(cases), timeout=300)
     assert f"torch_checks P={nprocs}:" in out
     for case in cases:

@@ -50,8 +50,8 @@ benchmark the faster of the two runs.
 Baselines are kept per machine kind *and per hardware model*:
 ``tests/benchmarks/baselines/<machine>/<hardware>/<pytest-benchmark machine id>/NNNN_<suite>.json``
 where ``<hardware>`` names the CPU model (py-cpuinfo's brand, family and
-model, e.g. ``amd-epyc-family25-model17``), plus the GPU model where there is
-one (``...+nvidia-h200``).  A machine kind is not one piece of hardware (the
+model, e.g. ``amd-epyc-family25-model17``, and ``-avx512`` where the CPU
+exposes it), plus the GPU model where there is one (``...+nvidia-h200``).  A machine kind is not one piece of hardware (the
 2-core CPU kind came as AMD EPYC family 26 and 25 and as an Intel Xeon, issue
 #22; the hypervisor calls both EPYCs just "AMD EPYC"), and ratios to a
 reference move between models too, if much less than absolute times: a
@@ -144,10 +144,15 @@ def _slug(text: str) -> str:
 
 
 def hardware_key(cpu: dict, gpu: str | None) -> str:
-    """The baseline folder of this hardware: CPU model (+ GPU model)."""
+    """The baseline folder of this hardware: CPU model, ``-avx512`` where the
+    CPU exposes AVX-512 (numpy dispatches its loops, sorts and partitions on
+    it: a hypervisor may expose it on one day's VM of a model and not on
+    another's), + GPU model."""
     key = _slug(str(cpu.get("brand_raw") or cpu.get("arch_string_raw") or "unknown-cpu"))
     if cpu.get("family") is not None and cpu.get("model") is not None:
         key += f"-family{cpu['family']}-model{cpu['model']}"
+    if "avx512f" in (cpu.get("flags") or ()):
+        key += "-avx512"
     if gpu:
         key += "+" + _slug(gpu)
     return key

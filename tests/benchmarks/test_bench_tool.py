@@ -176,3 +176,13 @@ def test_benchmark_path_needs_no_optuna():
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                        timeout=300, env=env)
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-2000:]
+
+
+def test_hardware_key_names_the_model_and_avx512():
+    from tests.benchmarks.__main__ import hardware_key
+
+    cpu = {"brand_raw": "AMD EPYC", "family": 25, "model": 17, "flags": ["avx2", "fma"]}
+    assert hardware_key(cpu, None) == "amd-epyc-family25-model17"
+    assert hardware_key({**cpu, "flags": ["avx2", "avx512f"]}, "NVIDIA H200") == \
+        "amd-epyc-family25-model17-avx512+nvidia-h200"
+

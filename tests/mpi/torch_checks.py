@@ -14,6 +14,10 @@ Cases (all by default; ``--cases a,b`` to pick):
               several buckets; identical parameters on every rank for every
               algorithm, and with ``dense`` the same parameters as DDP's own
               allreduce.
+  native      autotune.torch.register's native route (DDP's own allreduce plus
+              the library's end-of-backward NaN/Inf check and counts), forced on
+              gloo: gradients equal DDP's, a NaN on one rank raised on every
+              rank, no_sync() passes not counted.
   broadcast   broadcast_parameters makes differently initialized replicas
               (parameters and buffers) equal to rank 0's.
   half        bfloat16 and float16 models through DistributedOptimizer and the
@@ -171,6 +175,51 @@ def case_ddp() -> int:
     return n
 
 
+def case_native() -> int:
+    """register()'s native route (DDP averages, the library checks), forced on
+    gloo: register() on a CPU model keeps the hook, the checks read DDP's
+    averaged gradients (a NaN on rank 0 alone is raised on every rank; that
+    step is not counted, its bytes are), no_sync() passes are not counted,
+    training goes on after the error."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    at.init_process_group("gloo")
+    state = at.register(DDP(model_fn(seed=0), bucket_cap_mb=0.001), algorithm="nccl")
+    check(not state.native, "register: native route chosen without NCCL")
+    model = model_fn(seed=0)
+    net = DDP(model, bucket_cap_mb=0.001)
+    state = at.HookState(algorithm="nccl", prefix="native")
+    at._NativeChecks(net, state)
+    ref_model = model_fn(seed=0)
+    ref = DDP(ref_model, bucket_cap_mb=0.001)
+    outcomes = []
+    for step in range(5):
+        x, y = batch(step, RANK)
+        if step == 2 and RANK == 0:
+            x = x.clone()
+            x[0, 0] = float("nan")
+        with net.no_sync():  # a micro-batch that DDP does not average: not a step
+            loss_fn(net, x, y).backward()
+        net.zero_grad()
+        try:
+            loss_fn(net, x, y).backward()
+            outcomes.append("ok")
+        except ValueError as e:
+            check("NaN or Inf" in str(e), f"native: {e}")
+            outcomes.append("nan")
+        if step != 2:
+            ref.zero_grad()
+            loss_fn(ref, x, y).backward()
+            for p, q in zip(model.parameters(), ref_model.parameters()):
+                check(torch.equal(p.grad, q.grad), f"native: step {step} gradients differ "
+                      f"from DDP's by {max_diff(p.grad, q.grad):.3g}")
+    check(outcomes == ["ok", "ok", "nan", "ok", "ok"], f"native: rank {RANK}: {outcomes}")
+    n_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    check(state.sgd.step == 4 and state.sgd.bytes_sent == 5 * -(-2 * n_bytes * (P - 1) // P),
+          f"native: {state.sgd.stats()}")
+    return 1
+
+
 def case_broadcast() -> int:
     model = model_fn(seed=100 + RANK)
     model.train()
@@ -252,8 +301,8 @@ def case_half() -> int:
     return n
 
 
-CASES = {"optimizer": case_optimizer, "ddp": case_ddp, "broadcast": case_broadcast,
-         "half": case_half}
+CASES = {"optimizer": case_optimizer, "ddp": case_ddp, "native": case_native,
+         "broadcast": case_broadcast, "half": case_half}
 
 
 def main(argv=None) -> int:
