@@ -28,7 +28,10 @@ Each variant: a fresh model (same seed on every rank, checked, so DDP's broadcas
 skipped) in a fresh DDP; ``--warmup`` steps, then ``--steps`` timed ones between
 ``torch.cuda.synchronize()`` calls, a step's time being the slowest rank's; ``--rounds``
 passes in alternating order, median/p10/p90 over all of a variant's timed steps; after its
-first round the ranks compare ``autotune.torch.state_digest`` (``identical``).  A hook's
+first round the ranks compare ``autotune.torch.state_digest`` (``identical``).  With
+``--interleave`` every variant's model is built once and the variants take one step each in
+turn (the order rotating every step), so a host or GPU drifting during the run moves all of
+them alike, and each ratio is the median of the step-by-step ratios (paired).  A hook's
 state is freed after each run (``HookState.close``), so every round starts afresh.  ``at:auto`` uses ``--profile`` ({network} and {P} are filled in), by default the
 shipped ``profiles/gpu_<h100|h200>_<network>_p<P>.json`` (none: dense; the JSON says so).
 
@@ -181,6 +184,9 @@ def worker_parser() -> argparse.ArgumentParser:
             ("--steps", 30, "timed steps per variant and round"),
             ("--rounds", 2, "passes over the variants, in alternating order")):
         p.add_argument(opt, type=int, default=default, help=hlp)
+    p.add_argument("--interleave", action="store_true",
+                   help="every variant's model at once, one step of each in turn (--rounds "
+                        "unused): no drift between variants, ratios paired step by step")
     p.add_argument("--amp", action="store_true", help="bfloat16 autocast (default float32/TF32)")
     p.add_argument("--bucket-mb", type=float, default=25.0, help="DDP's bucket_cap_mb")
     p.add_argument("--lr", type=float, default=1e-4)
@@ -226,51 +232,89 @@ def _digests_agree(model) -> bool:
     return len(set(digests)) == 1
 
 
-def _one_variant(variant, args, dev, batches, *, check: bool, check_init: bool):
-    """Build, warm up and time one variant: (the slowest rank's step seconds, record);
-    ``check``: compare the replicas after the steps, ``check_init``: before them."""
-    torch.manual_seed(args.seed)
-    with dev:
-        model = EncoderLM(args.vocab, args.d_model, args.layers, args.heads, args.seq)
-    rec = {}
-    if check_init and not _digests_agree(model):
-        raise SystemExit("the seeded model differs across ranks (DDP's broadcast is skipped)")
-    ddp = DDP(model, device_ids=[dev.index] if dev.type == "cuda" else None,
-              bucket_cap_mb=args.bucket_mb, init_sync=False)
-    state = _attach(ddp, variant, args)
-    opt = torch.optim.SGD(model.parameters(), lr=args.lr)
-    taken, backward = [0], []
+class _Run:
+    """One variant: its fresh model (the same seed on every rank), DDP, hook and
+    optimizer; ``step()`` runs one training step, ``finish()`` its record."""
 
-    def step():
-        x = batches[taken[0] % len(batches)]
-        taken[0] += 1
-        opt.zero_grad()
-        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=args.amp):
-            logits = ddp(x[:, :-1])
+    def __init__(self, variant, args, dev, batches, *, check_init: bool):
+        self.variant, self.args, self.batches = variant, args, batches
+        torch.manual_seed(args.seed)
+        with dev:
+            self.model = EncoderLM(args.vocab, args.d_model, args.layers, args.heads, args.seq)
+        if check_init and not _digests_agree(self.model):
+            raise SystemExit("the seeded model differs across ranks (DDP's broadcast is skipped)")
+        self.ddp = DDP(self.model, device_ids=[dev.index] if dev.type == "cuda" else None,
+                       bucket_cap_mb=args.bucket_mb, init_sync=False)
+        self.state = _attach(self.ddp, variant, args)
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=args.lr)
+        self.dev, self.taken, self.backward = dev, 0, []
+
+    def step(self) -> None:
+        x = self.batches[self.taken % len(self.batches)]
+        self.taken += 1
+        self.opt.zero_grad()
+        with torch.autocast(self.dev.type, dtype=torch.bfloat16, enabled=self.args.amp):
+            logits = self.ddp(x[:, :-1])
         loss = F.cross_entropy(logits.flatten(0, 1).float(), x[:, 1:].flatten())
         t0 = time.perf_counter()
         loss.backward()  # returns once DDP's futures are done on the host (not the device)
-        backward.append(time.perf_counter() - t0)
-        opt.step()
+        self.backward.append(time.perf_counter() - t0)
+        self.opt.step()
 
-    # each step ends with a device synchronize; this rank's times (the max is taken below)
-    times = collectives.timeit(step, warmup=args.warmup, repeat=args.steps,
-                               sync=torch.cuda.synchronize if dev.type == "cuda" else None)
+    def finish(self, *, check: bool) -> dict:
+        """The record (this rank's backward() times of the timed steps, replicas
+        identical if ``check``, hook statistics, auto's picks); frees the hook's state."""
+        rec = {"backward_ms": [round(1e3 * b, 3) for b in self.backward[self.args.warmup:]]}
+        if check and _communicates(self.variant):
+            rec["identical"] = _digests_agree(self.model)
+        state = self.state
+        if state is not None:
+            rec["hook"] = {**state.sgd.stats(), "native": state.native}
+            rec["auto_decisions"] = {
+                k.name: {"algorithm": c.algorithm, "density": c.density, "calls": c.calls,
+                         "predicted_ms": c.predicted_s and 1e3 * c.predicted_s,
+                         "measured_ms": c.measured_s and 1e3 * c.measured_s}
+                for k, c in autotune.decisions().items()
+                if self.variant.endswith(":auto")
+                and (k.name or "").startswith(state.sgd.prefix + ".")}
+            state.close()  # the residuals go: the next round's fresh model starts afresh
+        return rec
+
+
+def _slowest(times: list, dev) -> list:
+    """Per step, the slowest rank's time."""
     t = torch.tensor(times, dtype=torch.float64, device=dev)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    rec["backward_ms"] = [round(1e3 * b, 3) for b in backward[args.warmup:]]  # this rank's
-    if check and _communicates(variant):
-        rec["identical"] = _digests_agree(model)
-    if state is not None:
-        rec["hook"] = {**state.sgd.stats(), "native": state.native}
-        rec["auto_decisions"] = {
-            k.name: {"algorithm": c.algorithm, "density": c.density, "calls": c.calls,
-                     "predicted_ms": c.predicted_s and 1e3 * c.predicted_s,
-                     "measured_ms": c.measured_s and 1e3 * c.measured_s}
-            for k, c in autotune.decisions().items()
-            if variant.endswith(":auto") and (k.name or "").startswith(state.sgd.prefix + ".")}
-        state.close()  # the residuals go: the next round's fresh model starts afresh
-    return t.tolist(), rec
+    return t.tolist()
+
+
+def _one_variant(variant, args, dev, batches, *, check: bool, check_init: bool):
+    """Build, warm up and time one variant: (the slowest rank's step seconds, record);
+    ``check``: compare the replicas after the steps, ``check_init``: before them."""
+    run = _Run(variant, args, dev, batches, check_init=check_init)
+    # each step ends with a device synchronize; this rank's times (the max is taken below)
+    times = collectives.timeit(run.step, warmup=args.warmup, repeat=args.steps,
+                               sync=torch.cuda.synchronize if dev.type == "cuda" else None)
+    return _slowest(times, dev), run.finish(check=check)
+
+
+def _interleaved(variants, args, dev, batches) -> tuple[dict, dict]:
+    """``--interleave``: every variant's model at once, one step of each in turn
+    (the order rotating every step): ({variant: slowest rank's step seconds}, records)."""
+    runs = {v: _Run(v, args, dev, batches, check_init=i == 0) for i, v in enumerate(variants)}
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    times = {v: [] for v in variants}
+    for s in range(args.warmup + args.steps):
+        k = s % len(variants)
+        for v in variants[k:] + variants[:k]:
+            sync()
+            t0 = time.perf_counter()
+            runs[v].step()
+            sync()
+            if s >= args.warmup:
+                times[v].append(time.perf_counter() - t0)
+    return ({v: _slowest(t, dev) for v, t in times.items()},
+            {v: runs[v].finish(check=True) for v in variants})
 
 
 def _release(dev) -> None:
@@ -308,7 +352,11 @@ def bench(argv) -> int:
               f"{skipped or 'none'}", flush=True)
     times, recs = {v: [] for v in variants}, {v: {} for v in variants}
     bwd = {v: [] for v in variants}  # this rank's host time in backward(), per timed step
-    for r in range(args.rounds):
+    if args.interleave:
+        times, recs = _interleaved(variants, args, dev, batches)
+        for v in variants:
+            bwd[v] = recs[v].pop("backward_ms")
+    for r in range(0 if args.interleave else args.rounds):
         for i, v in enumerate(variants if r % 2 == 0 else variants[::-1]):
             t0 = time.perf_counter()
             t, rec = _one_variant(v, args, dev, batches, check=r == 0, check_init=r + i == 0)
@@ -319,17 +367,18 @@ def bench(argv) -> int:
             if rank == 0:
                 print(f"{label} round {r + 1}/{args.rounds} {v}: median {1e3 * np.median(t):.1f} "
                       f"ms/step ({time.perf_counter() - t0:.0f} s)", flush=True)
-    med = {v: float(np.median(times[v])) for v in variants}
     out = {}
     for v in variants:
         ms = 1e3 * np.asarray(times[v])
         out[v] = {"median_ms": float(np.median(ms)), "p10_ms": float(np.percentile(ms, 10)),
                   "backward_median_ms": float(np.median(bwd[v])), "backward_ms": bwd[v],
                   "p90_ms": float(np.percentile(ms, 90)), "steps": len(ms),
-                  "vs_compute": med[v] / med["compute"] if "compute" in med else None,
-                  "vs_ddp": med[v] / med["ddp"] if "ddp" in med else None,
                   **recs[v], "step_ms": [round(float(x), 3) for x in ms]}
+    for v in variants:
+        out[v]["vs_compute"] = _ratio(out, v, "compute", args.interleave)
+        out[v]["vs_ddp"] = _ratio(out, v, "ddp", args.interleave)
     result = {"benchmark": "train_step", "network": args.network, "P": P,
+              "interleaved": bool(args.interleave),
               "date": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": [os.path.basename(a) if a.startswith("/") else a for a in sys.argv[1:]],
               "machine": _machine(comm, dev), "params": params,
               "config": {k: v for k, v in vars(args).items() if k not in ("out", "network")},
@@ -356,6 +405,17 @@ def _machine(comm, dev) -> dict:
     return info
 
 
+def _ratio(variants: dict, a: str, b: str, paired: bool):
+    """Variant ``a``'s step time over ``b``'s: the median of the step-by-step
+    ratios when the steps were interleaved (paired), else of the medians."""
+    if a not in variants or b not in variants:
+        return None
+    x, y = variants[a], variants[b]
+    if paired:
+        return float(np.median(np.asarray(x["step_ms"]) / np.asarray(y["step_ms"])))
+    return x["median_ms"] / y["median_ms"]
+
+
 def table(results: list) -> str:
     """Markdown: a row per variant, a column per result (network, P), cells 'median ms
     (x vs ddp)'; below it auto's picks, replicas that diverged and issue #25's checks."""
@@ -366,7 +426,9 @@ def table(results: list) -> str:
     lines = [f"{r0['machine']['device']}, {r0['params'] / 1e6:.1f}M parameters ({c['layers']} "
              f"layers, d_model {c['d_model']}, vocabulary {c['vocab']}, {c['batch']} x {c['seq']} "
              f"tokens per rank, {'bf16 autocast' if c['amp'] else 'fp32'}), density "
-             f"{c['density']}: median ms per step (x vs ddp) of {c['steps']} x {c['rounds']}", "",
+             f"{c['density']}: median ms per step (x vs ddp) of " + (
+                 f"{c['steps']} steps, the variants interleaved step by step (x: paired)"
+                 if r0.get("interleaved") else f"{c['steps']} x {c['rounds']}"), "",
              "| variant | " + " | ".join(f"{r['network']} P={r['P']}" for r in results) + " |",
              "|---|" + "---|" * len(results)]
     for v in names:
@@ -403,27 +465,32 @@ def _cell(x) -> str:
 
 def _checks(r: dict) -> list:
     """Issue #25's targets on a GPU network, where this result has what they compare."""
-    ms = {v: x["median_ms"] for v, x in r["variants"].items()}
+    vs = r["variants"]
+    ms = {v: x["median_ms"] for v, x in vs.items()}
+
+    def ratio(a, b):
+        return _ratio(vs, a, b, r.get("interleaved", False))
+
     hooks = {v: t for v, t in ms.items() if v[:3] == "at:"}
     algos = collectives.ALGORITHMS
     sparse = {v: t for v, t in hooks.items() if v[3:] in algos and algos[v[3:]].lossy}
     out = []
     if r["network"] == "nvlink" and "ddp" in ms:
-        out += [(ms[v] <= 1.05 * ms["ddp"], f"{v} {ms[v] / ms['ddp']:.3f}x ddp (<= 1.05)")
+        out += [(ratio(v, "ddp") <= 1.05, f"{v} {ratio(v, 'ddp'):.3f}x ddp (<= 1.05)")
                 for v in ("at:nccl", "at:auto") if v in ms]
     if r["network"] == "sockets" and sparse:
         b = min(sparse, key=sparse.get)
         if "compute" in ms:
-            out.append((sparse[b] <= 1.3 * ms["compute"],
-                        f"best sparse hook {b} {sparse[b] / ms['compute']:.2f}x compute (<= 1.3)"))
+            out.append((ratio(b, "compute") <= 1.3,
+                        f"best sparse hook {b} {ratio(b, 'compute'):.2f}x compute (<= 1.3)"))
         if "powersgd1" in ms:
-            out.append((sparse[b] < ms["powersgd1"],
+            out.append((ratio(b, "powersgd1") < 1,
                         f"{b} {sparse[b]:.1f} ms faster than powersgd1 {ms['powersgd1']:.1f} ms"))
     others = {v: t for v, t in hooks.items() if v != "at:auto"}
     if r["network"] in ("nvlink", "sockets") and "at:auto" in hooks and others:
         b = min(others, key=others.get)
-        out.append((hooks["at:auto"] <= 1.05 * others[b],
-                    f"at:auto {hooks['at:auto'] / others[b]:.3f}x the best hook {b} (<= 1.05)"))
+        out.append((ratio("at:auto", b) <= 1.05,
+                    f"at:auto {ratio('at:auto', b):.3f}x the best hook {b} (<= 1.05)"))
     return [f"{'PASS' if ok else 'FAIL'} {text}" for ok, text in out]
 
 

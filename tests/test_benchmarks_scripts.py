@@ -43,3 +43,15 @@ def test_train_step_table_and_issue_checks():
         "- sockets P=2: PASS best sparse hook at:topka 1.21x compute (<= 1.3)",
         "- sockets P=2: PASS at:topka 70.0 ms faster than powersgd1 85.0 ms",
         "- sockets P=2: PASS at:auto 1.029x the best hook at:topka (<= 1.05)"]
+
+    # --interleave: ratios are paired step by step (here the median of the ratios, 1.25,
+    # is not the ratio of the medians, 1.0), and the table says so
+    paired = result("nvlink", {"compute": 40, "ddp": 40, "at:nccl": 40, "at:auto": 40})
+    paired["interleaved"] = True
+    paired["variants"]["ddp"]["step_ms"] = [40, 40, 40, 50, 50]
+    paired["variants"]["at:nccl"]["step_ms"] = [50, 50, 50, 40, 40]
+    paired["variants"]["at:auto"]["step_ms"] = [40, 40, 40, 50, 50]
+    text = train_step.table([paired])
+    assert "interleaved step by step (x: paired)" in text
+    assert "- nvlink P=2: FAIL at:nccl 1.250x ddp (<= 1.05)" in text
+    assert "- nvlink P=2: PASS at:auto 1.000x ddp (<= 1.05)" in text
