@@ -9,7 +9,10 @@ Every round times each variant once (interleaved, after a host barrier): a call
 of ``autotune.allreduce`` on n float32 values (GPU: a cupy array, then a
 synchronize of the current stream; CPU: a numpy array over MPI).  ``raw`` is
 ncclAllReduce (CPU: MPI_Allreduce) through the library's own communicator
-into a preallocated buffer.  Prints the median per variant
+into a preallocated buffer.  ``floor`` (GPU) is the memory floor of a sparse
+algorithm's local work with error feedback: one fused kernel that reads the
+gradient and the residual and writes the residual and the output (4n values
+moved; issue #25's "memory floor").  Prints the median per variant
 and size (microseconds).  ``--stages ALG``: also one synchronized call of ALG
 split into its host stages (the input's view, validation, the algorithm's
 enqueue, the wait for the device), and the two pieces validation adds to a
@@ -31,7 +34,7 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--log2n", default="10,16,20,22", help="comma list of log2 sizes")
     ap.add_argument("--algorithms", default="raw,nccl,dense,oktopk",
-                    help="comma list: raw, auto or registered algorithm names")
+                    help="comma list: raw, floor, auto or registered algorithm names")
     ap.add_argument("--density", type=float, default=0.01)
     ap.add_argument("--rounds", type=int, default=60)
     ap.add_argument("--warmup", type=int, default=10)
@@ -78,7 +81,16 @@ def main(argv=None) -> int:
             else:
                 comm.comm.Allreduce(x, out)
 
-        calls = [raw if a == "raw" else functools.partial(
+        if "floor" in algos:
+            if not gpu:
+                ap.error("floor: GPU only")
+            resid, floor_kernel = xp.zeros_like(x), _floor_kernel()
+
+        def floor():  # read x and the residual, write the residual and the output
+            floor_kernel(x, resid, out)
+
+        special = {"raw": raw, "floor": floor}
+        calls = [special[a] if a in special else functools.partial(
             autotune.allreduce, x, name=name, algorithm=a, density=args.density) for a in algos]
         # in the order given, after a barrier each, this rank's own times (printed by rank 0)
         times = collectives.timeit_interleaved(calls, comm=mpi, warmup=args.warmup,
@@ -103,6 +115,14 @@ def main(argv=None) -> int:
         with open(args.json, "w") as f:
             json.dump({"P": comm.size, "density": args.density, "us": results}, f, indent=1)
     return 0
+
+
+@functools.cache
+def _floor_kernel():
+    import cupy
+
+    return cupy.ElementwiseKernel("T x", "T r, T out", "T a = x + r; out = a; r = a * (T)0.5",
+                                  "autotune_ef_floor")
 
 
 def _stages(comm, mpi, x, raw, args, sync) -> dict:
