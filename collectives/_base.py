@@ -394,7 +394,7 @@ class SparseAllreduce(Algorithm):
         if tau_prime is not None:
             st.tau_prime = int(tau_prime)
         acc = st.residual
-        acc += x
+        kernels.add_into(acc, x)
         out = self._exchange(acc, st)
         st.iteration += 1
         return out
@@ -404,7 +404,7 @@ class SparseAllreduce(Algorithm):
         (for algorithms that deliver every selected value to the output)."""
         with self.comm.phase("select"):
             idx, vals = kernels.topk_select(acc, st.k, work=self.kernel_work(acc))
-            acc[idx] = 0
+            kernels.zero_at(acc, idx)
         st.selected_local = int(idx.size)
         return idx, vals
 

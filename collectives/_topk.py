@@ -1,6 +1,8 @@
 """Allgather-based sparse allreduces: TopkA and Gaussiank."""
 from __future__ import annotations
 
+import numpy as np
+
 import kernels
 
 from ._base import ITEM, Prices, SparseAllreduce, SparseState, register
@@ -10,19 +12,21 @@ def allgather_coo(comm, idx, vals, n: int, *, equal_counts: bool):
     """Allgather every rank's COO set and sum them into a dense vector.
 
     Identical on all ranks: every rank scatter-adds the same gathered arrays
-    in the same (rank) order.
+    in the same (rank) order.  ``idx``: sorted (as the selections return them).
     """
     xp = kernels.array_module(vals)
     with comm.phase("comm:allgather"):
         if equal_counts:
             gi = comm.allgather(idx).reshape(-1)
             gv = comm.allgather(vals).reshape(-1)
+            counts = [idx.size] * comm.size
         else:
             gi, counts = comm.allgatherv(idx)
             gv, _ = comm.allgatherv(vals, counts)
     with comm.phase("reduce"):
         out = xp.zeros(n, dtype=vals.dtype)
-        kernels.scatter_add(out, gi, gv)
+        # every rank's indices are sorted (the selections'): added run by run, rank order
+        kernels.scatter_add(out, gi, gv, runs=np.concatenate([[0], np.cumsum(counts)]).tolist())
     return out
 
 
@@ -80,7 +84,7 @@ class GaussianK(SparseAllreduce):
         comm = self.comm
         with comm.phase("select"):
             idx, vals, thr = kernels.gaussian_select(acc, st.k, st.density)
-            acc[idx] = 0
+            kernels.zero_at(acc, idx)
         st.local_threshold = thr
         st.selected_local = int(idx.size)
         out = allgather_coo(comm, idx, vals, acc.size, equal_counts=False)

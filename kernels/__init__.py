@@ -17,6 +17,7 @@ from ._select import (
     topk_select,
 )
 from ._sparse import (
+    add_into,
     coo_sum,
     decode_indices,
     encode_indices,
@@ -24,10 +25,12 @@ from ._sparse import (
     scatter_add,
     split_by_bounds,
     to_dense,
+    zero_at,
 )
 from ._xp import array_module, flag_nonfinite, index_dtype, is_device_array
 
 __all__ = [
+    "add_into",
     "array_module",
     "cap_selection",
     "coo_sum",
@@ -47,4 +50,5 @@ __all__ = [
     "to_dense",
     "topk_indices",
     "topk_select",
+    "zero_at",
 ]

@@ -29,10 +29,11 @@ from ._cuda_build import key_to_float, prepare, threshold_key, warm_up
 from ._cuda_checks import flag_nonfinite
 from ._cuda_gauss import count_at_least, count_at_least_many, mean_std
 from ._cuda_select import threshold_select
-from ._cuda_sparse import scatter_add_sorted, segment_sums
+from ._cuda_sparse import add_into, scatter_add_sorted, segment_sums, zero_at
 from ._cuda_topk import cap_select, kth_key, kth_magnitude, topk_select
 
 __all__ = [
+    "add_into",
     "cap_select",
     "count_at_least",
     "count_at_least_many",
@@ -46,6 +47,7 @@ __all__ = [
     "segment_sums",
     "threshold_key",
     "threshold_select",
+    "zero_at",
     "topk_select",
     "warm_up",
 ]

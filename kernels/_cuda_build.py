@@ -27,7 +27,8 @@ KERNEL_SOURCES = {
     "select.cu": ("sel_thr8", "sel_topk8", "sel_topkx8", "sel_local8", "sel_stitch8"),
     "radix.cu": ("tk_hist", "tk_find", "tk_small"),
     "gaussian.cu": ("gs_partial", "gs_finish", "gs_count1", "gs_count4", "gs_count16"),
-    "sparse.cu": ("seg_sum_f32", "seg_sum_f64", "seg_scatter_add_i32", "seg_scatter_add_i64"),
+    "sparse.cu": ("seg_sum_f32", "seg_sum_f64", "seg_scatter_add_i32", "seg_scatter_add_i64",
+                  "zero_at_i32", "zero_at_i64", "add_into_f32"),
     "checks.cu": ("flag_nonfinite_f32", "flag_nonfinite_f64"),
 }
 _SOURCE_OF = {k: src for src, names in KERNEL_SOURCES.items() for k in names}

@@ -8,7 +8,8 @@ equal to the CPU one, which keeps replicas on mixed hosts identical.
 ``seg_scatter_add_*``: on index-sorted input each run of equal indices is
 added by one thread in input order, starting from the dense value: exactly
 ``np.add.at``'s order (float atomics would vary it, and the rounding, from
-run to run).
+run to run).  ``zero_at_*``: the selected entries of a residual zeroed;
+``add_into_f32``: error feedback's acc += x in one vectorized pass.
 """
 from __future__ import annotations
 
@@ -42,3 +43,20 @@ def scatter_add_sorted(dense, idx, vals):
     name = "seg_scatter_add_i32" if idx.dtype == np.int32 else "seg_scatter_add_i64"
     kernel(name)((_grid(m),), (_THREADS,), (dense, np.int64(dense.size), idx, vals, np.int64(m)))
     return dense
+
+
+@on_input_device
+def zero_at(dense, idx):
+    """dense[idx] = 0 (float32 dense, int32 / int64 idx)."""
+    m = idx.size
+    name = "zero_at_i32" if idx.dtype == np.int32 else "zero_at_i64"
+    kernel(name)((_grid(m),), (_THREADS,), (dense, np.int64(dense.size), idx, np.int64(m)))
+
+
+@on_input_device
+def add_into(acc, x):
+    """acc += x (float32, C-contiguous, both 16-byte aligned): one pass, float4 loads."""
+    n = acc.size
+    blocks = max(1, min(-(-n // (4 * _THREADS)), 32 * sm_count()))
+    kernel("add_into_f32")((blocks,), (_THREADS,), (acc, x, np.int64(n)))
+

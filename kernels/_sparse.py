@@ -65,7 +65,7 @@ def coo_sum(indices, values, n: int | None = None):
     return uidx, xp.add.reduceat(sval, starts)
 
 
-def scatter_add(dense, indices, values):
+def scatter_add(dense, indices, values, *, runs=None):
     """dense[indices] += values, repeated indices accumulated in order. In place.
 
     Deterministic on both paths: repeats are added one after another in
@@ -73,6 +73,10 @@ def scatter_add(dense, indices, values):
     the GPU (float32) that is a kernel with one thread per run of equal
     indices, after a stable sort only when the indices are not already
     non-decreasing; no float atomics, whose order varies from run to run.
+    ``runs``: offsets (host ints, first 0, last the size) of consecutive
+    pieces each already non-decreasing (e.g. every rank's sorted selection,
+    gathered): on the GPU one launch per piece, no check and no sort (the
+    same order of additions).
     """
     xp = array_module(dense)
     if not indices.size:
@@ -85,6 +89,12 @@ def scatter_add(dense, indices, values):
         vals = values.reshape(-1)
         if idx.size != vals.size:
             raise ValueError(f"{idx.size} indices for {vals.size} values")
+        if runs is not None:
+            idx, vals = xp.ascontiguousarray(idx), xp.ascontiguousarray(vals)
+            for a, b in zip(runs[:-1], runs[1:]):
+                if b > a:
+                    cu.scatter_add_sorted(dense.reshape(-1), idx[a:b], vals[a:b])
+            return dense
         if idx.size > 1 and not bool((idx[1:] >= idx[:-1]).all()):
             order = xp.argsort(idx)  # stable
             idx, vals = idx[order], vals[order]
@@ -93,6 +103,30 @@ def scatter_add(dense, indices, values):
         return dense
     xp.add.at(dense, indices, values)
     return dense
+
+
+def zero_at(dense, indices):
+    """dense[indices] = 0, in place (the residual's entries a selection sent)."""
+    cu = cuda_kernels(dense)
+    if (cu is not None and dense.dtype == np.float32 and dense.flags.c_contiguous
+            and indices.dtype in (np.int32, np.int64) and type(indices) is type(dense)):
+        if indices.size:
+            cu.zero_at(dense.reshape(-1), array_module(dense).ascontiguousarray(indices))
+        return dense
+    dense.reshape(-1)[indices] = 0
+    return dense
+
+
+def add_into(acc, x):
+    """acc += x, in place (error feedback); one vectorized pass on the GPU."""
+    cu = cuda_kernels(acc)
+    if (cu is not None and acc.dtype == np.float32 and x.dtype == np.float32
+            and acc.flags.c_contiguous and x.flags.c_contiguous and acc.size == x.size
+            and type(x) is type(acc) and acc.data.ptr % 16 == 0 and x.data.ptr % 16 == 0):
+        cu.add_into(acc, x)
+        return acc
+    acc += x
+    return acc
 
 
 def to_dense(indices, values, n: int, dtype=None):

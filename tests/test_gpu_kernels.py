@@ -412,6 +412,41 @@ def test_scatter_add_matches_numpy_bitwise(cp, order, itype):
     assert np.array_equal(host(dg).view(np.uint32), dense.view(np.uint32)), (order, itype, SEED)
 
 
+@pytest.mark.parametrize("itype", [np.int32, np.int64])
+def test_scatter_add_runs_matches_numpy_bitwise(cp, itype):
+    """Gathered selections (P sorted runs, repeats across runs): one launch per run,
+    no sort, the same additions in the same order as np.add.at."""
+    rng = rng_for("scatter_runs", itype)
+    n, k, P = 100_000, 7_000, 5
+    runs = [np.sort(rng.choice(n // 4, k, replace=False)) for _ in range(P)]
+    idx = np.concatenate(runs).astype(itype)
+    vals = (rng.standard_normal(P * k) * 10.0 ** rng.uniform(-3, 3, P * k)).astype(np.float32)
+    dense = rng.standard_normal(n).astype(np.float32)
+    dg = cp.asarray(dense)
+    kernels.scatter_add(dg, cp.asarray(idx), cp.asarray(vals), runs=[r * k for r in range(P + 1)])
+    np.add.at(dense, idx, vals)
+    assert np.array_equal(host(dg).view(np.uint32), dense.view(np.uint32)), (itype, SEED)
+
+
+@pytest.mark.parametrize("n", [1, 3, 4, 5, 1000, 4097, (1 << 20) + 3])
+def test_add_into_and_zero_at_match_numpy_bitwise(cp, n):
+    rng = rng_for("add_into", n)
+    acc = rng.standard_normal(n).astype(np.float32)
+    x = rng.standard_normal(n).astype(np.float32)
+    ag = cp.asarray(acc)
+    assert kernels.add_into(ag, cp.asarray(x)) is ag
+    acc += x
+    assert np.array_equal(host(ag).view(np.uint32), acc.view(np.uint32)), (n, SEED)
+    xo = cp.asarray(np.concatenate([[0.0], x]).astype(np.float32))[1:]  # 4-byte offset: unaligned
+    kernels.add_into(ag, xo)
+    acc += x
+    assert np.array_equal(host(ag).view(np.uint32), acc.view(np.uint32)), (n, SEED)
+    idx = np.sort(rng.choice(n, max(1, n // 7), replace=False)).astype(np.int32)
+    assert kernels.zero_at(ag, cp.asarray(idx)) is ag
+    acc[idx] = 0
+    assert np.array_equal(host(ag).view(np.uint32), acc.view(np.uint32)), (n, SEED)
+
+
 def test_to_dense_and_split_on_gpu(cp):
     rng = rng_for("dense")
     i = np.sort(rng.choice(1000, 100, replace=False)).astype(np.int32)

@@ -57,6 +57,23 @@ def test_kth_from_a_misleading_sample(k):
     assert np.array_equal(kernels.topk_indices(x, k), want)
 
 
+def test_scatter_add_runs_add_in_order_and_zero_at():
+    """numpy: runs change nothing (np.add.at's input order is the runs' order)."""
+    rng = np.random.default_rng(RNG.integers(2**32))
+    idx = np.concatenate([np.sort(rng.choice(50, 20, replace=False)) for _ in range(3)])
+    vals = rng.standard_normal(60).astype(np.float32)
+    a, b = np.zeros(50, np.float32), np.zeros(50, np.float32)
+    kernels.scatter_add(a, idx, vals, runs=[0, 20, 40, 60])
+    np.add.at(b, idx, vals)
+    assert np.array_equal(a, b)
+    acc, x = rng.standard_normal(50), rng.standard_normal(50)
+    want = acc + x
+    assert kernels.add_into(acc, x) is acc and np.array_equal(acc, want)
+    kernels.zero_at(acc, idx[:20])
+    want[idx[:20]] = 0
+    assert np.array_equal(acc, want)
+
+
 def test_topk_is_deterministic_and_prefers_low_indices_on_ties():
     x = np.ones(10, np.float32)
     assert kernels.topk_indices(x, 3).tolist() == [0, 1, 2]

@@ -69,3 +69,35 @@ NAME(float* dense, const i64 nd, const T* __restrict__ idx,                     
 }
 DEFINE_SCATTER(seg_scatter_add_i32, int)
 DEFINE_SCATTER(seg_scatter_add_i64, long long)
+
+// ---- zero the entries at given indices (the values a selection sent) --------
+#define DEFINE_ZERO(NAME, T)                                                      \
+extern "C" __global__ void                                                        \
+NAME(float* dense, const i64 nd, const T* __restrict__ idx, const i64 m)          \
+{                                                                                 \
+    for (i64 j = (i64)blockIdx.x * blockDim.x + threadIdx.x; j < m;               \
+         j += (i64)gridDim.x * blockDim.x) {                                      \
+        const T i = idx[j];                                                       \
+        if (i >= 0 && (i64)i < nd) dense[i] = 0.0f;                               \
+    }                                                                             \
+}
+DEFINE_ZERO(zero_at_i32, int)
+DEFINE_ZERO(zero_at_i64, long long)
+
+// ---- error feedback: acc += x, four values per thread where aligned ---------
+extern "C" __global__ void add_into_f32(float* __restrict__ acc, const float* __restrict__ x,
+                                        const i64 n)
+{
+    const i64 n4 = n / 4;
+    float4* a4 = reinterpret_cast<float4*>(acc);
+    const float4* x4 = reinterpret_cast<const float4*>(x);
+    const i64 stride = (i64)gridDim.x * blockDim.x;
+    for (i64 j = (i64)blockIdx.x * blockDim.x + threadIdx.x; j < n4; j += stride) {
+        float4 a = a4[j];
+        const float4 b = x4[j];
+        a.x += b.x; a.y += b.y; a.z += b.z; a.w += b.w;
+        a4[j] = a;
+    }
+    for (i64 j = 4 * n4 + (i64)blockIdx.x * blockDim.x + threadIdx.x; j < n; j += stride)
+        acc[j] += x[j];
+}
