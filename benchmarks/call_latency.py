@@ -10,9 +10,9 @@ of ``autotune.allreduce`` on n float32 values (GPU: a cupy array, then a
 synchronize of the current stream; CPU: a numpy array over MPI).  ``raw`` is
 ncclAllReduce (CPU: MPI_Allreduce) through the library's own communicator
 into a preallocated buffer.  ``floor`` (GPU) is the memory floor of a sparse
-algorithm's local work with error feedback: one fused kernel that reads the
-gradient and the residual and writes the residual and the output (4n values
-moved; issue #25's "memory floor").  Prints the median per variant
+algorithm's local work with error feedback: one fused kernel (float4 loads and
+stores) that reads the gradient and the residual and writes the residual and
+the output (4n values moved; issue #25's "memory floor").  Prints the median per variant
 and size (microseconds).  ``--stages ALG``: also one synchronized call of ALG
 split into its host stages (the input's view, validation, the algorithm's
 enqueue, the wait for the device), and the two pieces validation adds to a
@@ -117,12 +117,35 @@ def main(argv=None) -> int:
     return 0
 
 
+_FLOOR = r"""
+extern "C" __global__ void ef_floor(const float4* __restrict__ x, float4* __restrict__ r,
+                                   float4* __restrict__ out, const long long n4)
+{
+    for (long long j = (long long)blockIdx.x * blockDim.x + threadIdx.x; j < n4;
+         j += (long long)gridDim.x * blockDim.x) {
+        const float4 a = x[j];
+        float4 b = r[j];
+        b.x += a.x; b.y += a.y; b.z += a.z; b.w += a.w;
+        out[j] = b;
+        b.x *= 0.5f; b.y *= 0.5f; b.z *= 0.5f; b.w *= 0.5f;
+        r[j] = b;
+    }
+}
+"""
+
+
 @functools.cache
 def _floor_kernel():
+    """x, r, out -> out = x + r, r = out / 2: float4 loads and stores (n a multiple of 4)."""
     import cupy
 
-    return cupy.ElementwiseKernel("T x", "T r, T out", "T a = x + r; out = a; r = a * (T)0.5",
-                                  "autotune_ef_floor")
+    fn = cupy.RawKernel(_FLOOR, "ef_floor")
+    sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
+
+    def run(x, r, out):
+        n4 = x.size // 4
+        fn((min(-(-n4 // 256), 32 * sms),), (256,), (x, r, out, np.int64(n4)))
+    return run
 
 
 def _stages(comm, mpi, x, raw, args, sync) -> dict:
