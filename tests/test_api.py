@@ -123,3 +123,21 @@ def test_decisions_print_readably(capsys):
         assert choice.algorithm in line and "P=1" in line
     finally:
         autotune.dispatch._CTX.use_profile(None, None)
+
+
+def test_choose_without_a_tensor_is_what_resolve_decides():
+    """dispatch.choose(n) (autotune.torch.register's question for a whole model): the
+    decision resolve() makes for a tensor of that size, not cached."""
+    autotune.init(profile="profiles/cpu_tcp1gbit_p4.json")
+    try:
+        for n, name in ((1 << 12, "small"), (1 << 22, "large"), (1 << 22, None)):
+            choice = autotune.dispatch.choose(n, name=name, density=0.01)
+            x = np.zeros(n, np.float32)
+            assert choice.algorithm == autotune.dispatch.resolve(x, name=name,
+                                                                  density=0.01).algorithm
+        assert not collectives.ALGORITHMS[autotune.dispatch.choose(1 << 22, name=None).algorithm].lossy
+        before = len(autotune.decisions())
+        autotune.dispatch.choose(1 << 20, name="not.cached")
+        assert len(autotune.decisions()) == before
+    finally:
+        autotune.dispatch._CTX.use_profile(None, None)
