@@ -4,7 +4,8 @@
 # repository root:  NP=2 OUT=/tmp/out STAGES="conf bench profile" benchmarks/gpu_suite.sh
 # Writes JSON results under $OUT (bench_*.json, profile_*.json, scaling_*.json) and logs to
 # stdout.  STAGES="profile train" profiles NVLink and sockets through NCCL, then trains
-# the digits CNN over NCCL (train_digits_nccl_P*.json).  STAGES="scaling" runs the CPU-rank scaling study alone (no GPU needed).
+# the digits CNN over NCCL (train_digits_nccl_P*.json).  STAGES="step": issue #25's per-call
+# and training-step figures (call_latency_P*.json, train_step_<network>_P*.json).  STAGES="scaling" runs the CPU-rank scaling study alone (no GPU needed).
 set -u
 # the same settings as benchmarks/__init__.py's NVLS_OFF_ENV and NCCL_SOCKETS_ENV (SOCK below)
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -98,6 +99,20 @@ scaling)
     --budget ${SCALING_BUDGET:-240} --profile-np 2 --mpiexec mpirun \
     --out "$OUT/scaling_slow.json" | grep -v "^  P="
   [ "${PIPESTATUS[0]}" = 3 ] && echo "scaling: slow network SKIPPED (see the reason above)"
+  ;;
+step)
+  # issue #25's GPU figures in one go: per call against raw NCCL and the local work's memory
+  # floor, then the training step with the variants interleaved step by step, both networks
+  card=h200; nvidia-smi --query-gpu=name --format=csv,noheader | grep -qi h100 && card=h100
+  pf="profiles/gpu_${card}_nvlink_p${NP}.json"; popt=(); [ -f "$pf" ] && popt=(--profile "$pf")
+  step "per call, P=$NP (auto's profile: ${popt[*]:-none, auto is dense})"
+  "${MPI[@]}" $PY -m benchmarks.call_latency --log2n 10,16,20,22,26,27 "${popt[@]}" \
+    --algorithms floor,raw,nccl,dense,auto,topka,gtopk,oktopk --rounds ${ROUNDS:-20} \
+    --json "$OUT/call_latency_P${NP}.json"
+  step "training step, P=$NP"
+  $PY -m benchmarks.train_step run -n "$NP" --networks nvlink,sockets --interleave \
+    --warmup 8 --steps ${STEPS:-30} --out "$OUT" \
+    --variants ${STEP_VARIANTS:-compute,ddp,allreduce,fp16,powersgd1,at:nccl,hook:nccl,at:auto,at:topka,at:gtopk}
   ;;
 benchbase)
   # pytest-benchmark baseline of this machine kind (host, mpi and nccl suites at P=$NP),
