@@ -244,6 +244,20 @@ def cases(rng, tmp: Path):
         yield "DistributedOptimizer algorithm", optimizer_algorithm
         yield "HookState algorithm", lambda: raises_everywhere(
             lambda: at.HookState(algorithm=_bad("nope", "oktopk"), density=0.01))
+
+        def register_algorithm_differs():
+            from torch.nn.parallel import DistributedDataParallel as DDP
+
+            at.init_process_group("nccl" if DEVICE else "gloo")
+            if DEVICE:
+                dev = torch.device("cuda", autotune.dispatch.communicator().device)
+                torch.cuda.set_device(dev)
+                ddp = DDP(model().to(dev), device_ids=[dev.index])
+            else:
+                ddp = DDP(model())
+            return raises_everywhere(lambda: at.register(
+                ddp, algorithm=_bad("topka", "nccl"), density=0.1), match="register")
+        yield "register algorithm differs", register_algorithm_differs
         if DEVICE and torch.cuda.is_available():
             yield "DDP hook NaN gradient", lambda: ddp_hook_nan(torch, at)
 
@@ -257,18 +271,22 @@ def ddp_hook_nan(torch, at) -> int:
     """A NaN gradient on one rank at step 1 of a DDP model on GPUs (NCCL) is
     raised on every rank by that step's backward (the hook's end-of-step
     report), on each of the hook's paths: "each" (dense), "lane" (nccl),
-    "group" (topka)."""
+    "group" (topka), and by register()'s native route (DDP's allreduce)."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     at.init_process_group("nccl")
     dev = torch.device("cuda", autotune.dispatch.communicator().device)
     torch.cuda.set_device(dev)
-    for algorithm in ("dense", "nccl", "topka"):
+    for algorithm in ("dense", "nccl", "topka", "native"):
         torch.manual_seed(0)
         model = DDP(torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.Linear(64, 4)).to(dev),
                     device_ids=[dev.index], bucket_cap_mb=0.001)  # several buckets
-        state = at.HookState(algorithm=algorithm, density=0.1, prefix=f"nan.{algorithm}")
-        model.register_comm_hook(state, at.allreduce_hook)
+        if algorithm == "native":
+            state = at.register(model, algorithm="nccl", prefix="nan.native")
+            assert state.native, "register(nccl) on NCCL kept a Python hook"
+        else:
+            state = at.HookState(algorithm=algorithm, density=0.1, prefix=f"nan.{algorithm}")
+            model.register_comm_hook(state, at.allreduce_hook)
         raised = None
         for step in range(4):
             x = torch.ones(2, 8, device=dev)
@@ -285,7 +303,7 @@ def ddp_hook_nan(torch, at) -> int:
         seen = W.allgather(raised)
         assert all(s == (1, True) for s in seen), \
             f"{algorithm}: expected (step 1, NaN) everywhere: {seen}"
-    return 3
+    return 4
 
 
 def _every_algorithm(rng, tag: str) -> int:
