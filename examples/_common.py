@@ -171,7 +171,7 @@ def run_grid(args, *, name: str, device: torch.device, make_model, make_optimize
                                 tau_prime=args.tau_prime,
                                 learning_rate=((lambda o=local_opt: at.current_lr(o))
                                                if args.fold_lr else None))
-            net.register_comm_hook(hook, at.allreduce_hook)
+            at.register(net, hook)  # the hook, or DDP's own allreduce where that is the pick
             opt = local_opt
             sgd = hook.sgd
         else:
