@@ -132,7 +132,8 @@ class HookState:
             (``autotune.training``).
 
     ``sgd`` is the underlying ``autotune.training.SparseSGD`` (its
-    statistics: steps, bytes sent, seconds in communication).
+    statistics: steps, bytes sent, seconds in communication).  ``native``:
+    True where ``register`` left DDP's own allreduce in place (no hook).
     """
 
     __slots__ = ("sgd", "native", "current", "auto_exact", "_names", "_lane")
