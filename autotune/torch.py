@@ -225,22 +225,30 @@ def register(ddp, state: HookState | None = None, **kwargs) -> HookState:
 
     Anything else registers ``allreduce_hook`` with ``state``.
     """
-    state = HookState(**kwargs) if state is None else state
-    if _native_average(ddp, state):
+    problem = None
+    if state is not None and kwargs:
+        problem = TypeError(f"register: a HookState or its arguments, not both "
+                            f"(got {sorted(kwargs)})")
+    elif state is None:
+        state = HookState(**kwargs)  # collective: bad arguments raise on every rank
+    if _native_average(ddp, state, problem):
         _NativeChecks(ddp, state)
     else:
         ddp.register_comm_hook(state, allreduce_hook)
     return state
 
 
-def _native_average(ddp, state: HookState) -> bool:
+def _native_average(ddp, state: HookState | None, problem=None) -> bool:
     """Whether DDP's own allreduce is the state's algorithm for this model
-    (``register``); the same answer on every rank."""
+    (``register``); the same answer on every rank, or ``problem`` (this
+    rank's bad arguments, ``state`` then None) raised on every rank."""
     import torch.distributed as dist
 
+    comm = dispatch.communicator()
+    if problem is not None:
+        agree(comm, problem)  # raises on every rank
     sgd = state.sgd
     params = [p for p in ddp.module.parameters() if p.requires_grad]
-    comm = dispatch.communicator()
     fits = (bool(params) and not sgd.momentum and isinstance(comm, NCCLCommunicator)
             and dist.get_backend(ddp.process_group) == "nccl"
             and all(p.is_cuda and p.dtype in (torch.float32, torch.float64) for p in params))

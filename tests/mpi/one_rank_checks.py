@@ -258,6 +258,20 @@ def cases(rng, tmp: Path):
             return raises_everywhere(lambda: at.register(
                 ddp, algorithm=_bad("topka", "nccl"), density=0.1), match="register")
         yield "register algorithm differs", register_algorithm_differs
+
+        def register_state_and_arguments():
+            from torch.nn.parallel import DistributedDataParallel as DDP
+
+            at.init_process_group("nccl" if DEVICE else "gloo")
+            if DEVICE:
+                dev = torch.device("cuda", autotune.dispatch.communicator().device)
+                ddp = DDP(model().to(dev), device_ids=[dev.index])
+            else:
+                ddp = DDP(model())
+            state = at.HookState(algorithm="topka", density=0.1, prefix="regboth")
+            extra = _bad({"density": 0.2}, {})
+            return raises_everywhere(lambda: at.register(ddp, state, **extra), match="not both")
+        yield "register state and arguments", register_state_and_arguments
         if DEVICE and torch.cuda.is_available():
             yield "DDP hook NaN gradient", lambda: ddp_hook_nan(torch, at)
 
