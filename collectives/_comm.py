@@ -271,10 +271,15 @@ class Communicator(abc.ABC):
     def allreduce(self, buf, op: str = "sum"):
         """Native allreduce (the vendor's MPI_Allreduce / ncclAllReduce)."""
         out = self._allreduce(buf, op)
-        p = self.size
-        b = -(-2 * _nbytes(buf) * (p - 1) // p) if p > 1 else 0  # ceil
-        self._count(b, b, 2 * (p - 1) if p > 1 else 0, 2 * (p - 1) if p > 1 else 0)
+        self._count_allreduce(_nbytes(buf))
         return out
+
+    def _count_allreduce(self, nbytes: int) -> int:
+        """Count a native allreduce of ``nbytes`` as the ring moves it; the bytes sent."""
+        p = self.size
+        b = -(-2 * nbytes * (p - 1) // p) if p > 1 else 0  # ceil
+        self._count(b, b, 2 * (p - 1) if p > 1 else 0, 2 * (p - 1) if p > 1 else 0)
+        return b
 
     def control_allreduce(self, buf, op: str = "sum"):
         """The same native allreduce, left out of the traffic counters.

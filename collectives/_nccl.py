@@ -208,10 +208,7 @@ class NCCLCommunicator(Communicator):
         if self._avg is None:
             with stream:
                 x *= 1.0 / self.size
-        p = self.size
-        b = -(-2 * x.nbytes * (p - 1) // p) if p > 1 else 0
-        self._count(b, b, 2 * (p - 1) if p > 1 else 0, 2 * (p - 1) if p > 1 else 0)
-        return b
+        return self._count_allreduce(x.nbytes)
 
     def _bcast(self, buf, root):
         if not self._dev(buf):

@@ -47,7 +47,7 @@ __all__ = [
     "segment_sums",
     "threshold_key",
     "threshold_select",
-    "zero_at",
     "topk_select",
     "warm_up",
+    "zero_at",
 ]

@@ -59,4 +59,3 @@ def add_into(acc, x):
     n = acc.size
     blocks = max(1, min(-(-n // (4 * _THREADS)), 32 * sm_count()))
     kernel("add_into_f32")((blocks,), (_THREADS,), (acc, x, np.int64(n)))
-

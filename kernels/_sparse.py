@@ -89,17 +89,15 @@ def scatter_add(dense, indices, values, *, runs=None):
         vals = values.reshape(-1)
         if idx.size != vals.size:
             raise ValueError(f"{idx.size} indices for {vals.size} values")
-        if runs is not None:
-            idx, vals = xp.ascontiguousarray(idx), xp.ascontiguousarray(vals)
-            for a, b in zip(runs[:-1], runs[1:]):
-                if b > a:
-                    cu.scatter_add_sorted(dense.reshape(-1), idx[a:b], vals[a:b])
-            return dense
-        if idx.size > 1 and not bool((idx[1:] >= idx[:-1]).all()):
-            order = xp.argsort(idx)  # stable
-            idx, vals = idx[order], vals[order]
-        cu.scatter_add_sorted(dense.reshape(-1), xp.ascontiguousarray(idx),
-                              xp.ascontiguousarray(vals))
+        if runs is None:
+            if idx.size > 1 and not bool((idx[1:] >= idx[:-1]).all()):
+                order = xp.argsort(idx)  # stable
+                idx, vals = idx[order], vals[order]
+            runs = (0, idx.size)
+        idx, vals = xp.ascontiguousarray(idx), xp.ascontiguousarray(vals)
+        for a, b in zip(runs[:-1], runs[1:]):
+            if b > a:
+                cu.scatter_add_sorted(dense.reshape(-1), idx[a:b], vals[a:b])
         return dense
     xp.add.at(dense, indices, values)
     return dense

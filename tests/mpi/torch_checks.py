@@ -183,13 +183,15 @@ def case_native() -> int:
     training goes on after the error."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
+    from autotune.torch._native import _NativeChecks
+
     at.init_process_group("gloo")
     state = at.register(DDP(model_fn(seed=0), bucket_cap_mb=0.001), algorithm="nccl")
     check(not state.native, "register: native route chosen without NCCL")
     model = model_fn(seed=0)
     net = DDP(model, bucket_cap_mb=0.001)
     state = at.HookState(algorithm="nccl", prefix="native")
-    at._NativeChecks(net, state)
+    _NativeChecks(net, [p for p in model.parameters() if p.requires_grad], state)
     ref_model = model_fn(seed=0)
     ref = DDP(ref_model, bucket_cap_mb=0.001)
     outcomes = []
