@@ -19,7 +19,8 @@ least), ``powersgdR`` (powerSGD_hook at
 rank R from step max(2, warmup // 2)), ``at:ALG`` (``autotune.torch.register(ddp,
 HookState(algorithm=ALG, density=--density))``: the hook, or for NCCL's own average DDP's
 native allreduce plus the library's checks), ``hook:ALG`` (that state through
-``allreduce_hook`` whatever the algorithm), ``spin:US`` / ``idle:US`` (no communication:
+``allreduce_hook`` whatever the algorithm; either with ``@c<N>`` for ``chunk=2**N`` or
+``@whole`` for ``chunk=None``, the lossy path's pieces), ``spin:US`` / ``idle:US`` (no communication:
 a background thread holds each bucket US microseconds spinning in Python, holding the GIL,
 or sleeping; what Python on a hook's thread costs the backward pass).  Rank 0's host time in
 ``backward()`` is reported per variant too.  On CPUs ``at:nccl`` is skipped, and
@@ -143,15 +144,21 @@ def _attach(ddp, variant: str, args):
             None, matrix_approximation_rank=int(variant[8:]),
             start_powerSGD_iter=max(2, args.warmup // 2)), powerSGD_hook.powerSGD_hook)
     elif variant.startswith(("at:", "hook:")):
-        alg = variant.split(":")[1]
-        state = at.HookState(algorithm=alg, density=args.density,
-                             prefix=f"train_step.{variant.replace(':', '.')}")
+        alg, _, piece = variant.split(":")[1].partition("@")
+        extra = {} if not piece else {"chunk": None if piece == "whole" else 1 << int(piece[1:])}
+        state = at.HookState(algorithm=alg, density=args.density, **extra,
+                             prefix=f"train_step.{variant.replace(':', '.').replace('@', '.')}")
         if variant.startswith("at:"):
             at.register(ddp, state)  # what a user calls: the hook, or DDP's native allreduce
         else:
             ddp.register_comm_hook(state, at.allreduce_hook)
         return state
     return None
+
+
+def _piece_ok(piece: str) -> bool:
+    """A variant's ``@`` suffix: none, ``whole`` or ``c<log2 of HookState's chunk>``."""
+    return piece in ("", "whole") or (piece[:1] == "c" and piece[1:].isdigit())
 
 
 def _variants(text: str) -> list:
@@ -161,10 +168,12 @@ def _variants(text: str) -> list:
                 or (v[:8] == "powersgd" and v[8:].isdigit())
                 or (v.startswith(HOLDS) and v[5:].isdigit())
                 or (v.split(":")[0] in ("at", "hook")
-                    and v.split(":", 1)[1] in ("auto", *collectives.ALGORITHMS))):
+                    and v.split(":", 1)[1].partition("@")[0] in ("auto", *collectives.ALGORITHMS)
+                    and _piece_ok(v.partition("@")[2]))):
             raise argparse.ArgumentTypeError(f"unknown variant {v!r}: {', '.join(VARIANTS)}, "
                                              "powersgdR, at:<a registered algorithm>, "
-                                             "hook:<one>, spin:US or idle:US")
+                                             "hook:<one> (either with @c<log2 chunk> or "
+                                             "@whole), spin:US or idle:US")
     return list(dict.fromkeys(out))
 
 

@@ -286,6 +286,9 @@ def test_hook_signature_accepted_by_ddp_checks():
     assert sig.return_annotation == torch.futures.Future[torch.Tensor]
     with pytest.raises(ValueError, match="registered"):
         at.HookState(algorithm="nope")
+    for chunk in (0, 2.5, True):
+        with pytest.raises(TypeError, match="chunk"):
+            at.HookState(chunk=chunk)
 
 
 # -- under mpiexec -----------------------------------------------------------------------

@@ -8,10 +8,14 @@ import zlib
 
 import torch
 
-from collectives import ALGORITHMS, NCCLCommunicator, validate
+from collectives import ALGORITHMS, NCCLCommunicator, agree, validate
 
 from .. import dispatch
 from ..training import SparseSGD
+
+#: the lossy path's default piece: at least this many elements per reduction
+#: (``HookState(chunk=...)``)
+CHUNK = 1 << 25
 
 
 class HookState:
@@ -33,6 +37,11 @@ class HookState:
         density_warmup: steps of falling density after the dense warm-up
             (``autotune.training.SparseSGD``).
         tau_prime, tau: the sparse algorithm's refresh intervals (``SparseSGD``).
+        chunk: lossy steps reduce the model in pieces of consecutive buckets
+            of at least this many elements, each as soon as its last bucket
+            is ready, so that its communication overlaps the rest of the
+            backward pass (k = density x the piece's size).  None: the whole
+            model in one reduction at the last bucket.
         learning_rate: None, or a callable returning the optimizer's current
             rate (e.g. ``lambda: current_lr(opt)``): the residual
             accumulates lr x gradient as in the paper's Algorithm 2
@@ -43,12 +52,18 @@ class HookState:
     True where ``register`` left DDP's own allreduce in place (no hook).
     """
 
-    __slots__ = ("sgd", "native", "current", "auto_exact", "_names", "_views")
+    __slots__ = ("sgd", "chunk", "native", "current", "auto_exact", "_names", "_views")
 
     def __init__(self, *, algorithm: str = "auto", density: float | None = None,
                  warmup_steps: int = 1, prefix: str = "ddp", momentum: float = 0.0,
                  density_warmup: int = 0, tau_prime: int | None = None, tau: int | None = None,
-                 learning_rate=None):
+                 learning_rate=None, chunk: int | None = CHUNK):
+        bad = chunk is not None and not (isinstance(chunk, int) and not isinstance(chunk, bool)
+                                           and chunk >= 1)
+        agree(dispatch.communicator(), TypeError(f"chunk must be an int >= 1 or None, got "
+                                                 f"{chunk!r}") if bad else None,
+              value=chunk, what="HookState's chunk")  # collective, as DDP's constructor
+        self.chunk = chunk
         self.sgd = SparseSGD(algorithm=algorithm, density=density,
                              warmup_steps=warmup_steps, flat=True, prefix=prefix,
                              momentum=momentum, density_warmup=density_warmup,
@@ -129,12 +144,15 @@ def allreduce_hook(state: HookState, bucket) -> torch.futures.Future[torch.Tenso
       is seen; after that a bucket costs a few launches and no host round
       trip (``NCCLCommunicator.mean_inplace``).
     * lossy steps (a sparse algorithm, or ``"auto"`` until it picked an exact
-      one): the buckets are gathered and the whole model goes through one
-      ``autotune.allreduce`` when the last bucket arrives, as one flat tensor
-      named ``<prefix>.model.n<numel>.<layout>`` (as the Ok-Topk reference and
-      ``DistributedOptimizer(flat=True)`` do: k = density x model size,
-      chosen across layers, and one call's fixed cost per step instead of
-      one per bucket).
+      one): consecutive buckets are gathered into pieces of at least
+      ``HookState.chunk`` elements (2^25 by default), and each piece goes
+      through one ``autotune.allreduce`` as soon as its last bucket arrives
+      (its communication overlaps the rest of backward), as one flat tensor
+      named ``<prefix>.model.c<i>.n<numel>.<layout>``; the last piece takes
+      the buckets left.  k = density x the piece's size, chosen across its
+      layers, and one call's fixed cost per piece.  ``chunk=None``: the whole
+      model in one call at the last bucket, ``<prefix>.model.n<numel>.<layout>``
+      (as the Ok-Topk reference and ``DistributedOptimizer(flat=True)`` do).
     * other exact steps (``"dense"`` or ``"mpi"`` chosen, a CPU model, momentum
       correction during warm-up): each bucket through ``autotune.allreduce``
       under ``<prefix>.bucket<index>.n<numel>.<layout>``.
@@ -144,8 +162,8 @@ def allreduce_hook(state: HookState, bucket) -> torch.futures.Future[torch.Tenso
     (residuals, velocities) starts fresh instead of adding the old state to
     other coordinates.
 
-    The returned future holds the average: the bucket itself (a reduction
-    of the whole model is copied back into the buckets, since DDP reads a
+    The returned future holds the average: the bucket itself (a piece's
+    reduction is copied back into its buckets, since DDP reads a
     result tensor from its storage's start), or on the "each" path the new
     tensor of ``autotune.allreduce``.  On CUDA it is stream-ordered (DDP's
     wait makes its stream wait for the reduction, not the host).  An error
@@ -176,9 +194,10 @@ def allreduce_hook(state: HookState, bucket) -> torch.futures.Future[torch.Tenso
             lane.complete(fut, buf, current)
         elif step.path == "group":
             step.pending.append((buf, fut))
-            if last:
+            step.pending_numel += buf.numel()
+            if last or (state.chunk is not None and step.pending_numel >= state.chunk):
                 with _on(lane):
-                    _reduce_group(state, step)
+                    _reduce_group(state, step, last)
         else:
             with _on(lane):
                 out = state.sgd.allreduce(buf, name)
@@ -201,29 +220,39 @@ def allreduce_hook(state: HookState, bucket) -> torch.futures.Future[torch.Tenso
 class _Step:
     """What the hook keeps during one backward pass."""
 
-    __slots__ = ("path", "layouts", "pending")
+    __slots__ = ("path", "layouts", "pending", "pending_numel", "pieces", "exact")
 
     def __init__(self):
         self.path = None      # "lane", "group" or "each"
         self.layouts = []     # the buckets' names so far
-        self.pending = []     # (bucket buffer, future), "group" path
+        self.pending = []     # (bucket buffer, future) of the piece in the making, "group" path
+        self.pending_numel = 0
+        self.pieces = 0       # "group" path: pieces reduced so far
+        self.exact = True     # "group" path with "auto": every piece's pick exact so far
 
 
-def _reduce_group(state: HookState, step: _Step) -> None:
-    """The "group" path at the last bucket: one allreduce of the whole model."""
+def _reduce_group(state: HookState, step: _Step, last: bool) -> None:
+    """The "group" path: one allreduce of the pending buckets (a piece of at
+    least ``state.chunk`` elements, or the rest of the model at its last
+    bucket), its result copied back into them."""
     bufs = [b for b, _ in step.pending]
     flat = torch.cat(bufs) if len(bufs) > 1 else bufs[0]
-    layout = zlib.crc32(" ".join(step.layouts).encode())
-    out = state.sgd.allreduce(flat, f"model.n{flat.numel()}.{layout:08x}")
-    if state.sgd.algorithm == "auto":
-        state.auto_exact = not ALGORITHMS[state.sgd.last_algorithm].lossy
-    state.end_step()
+    layout = zlib.crc32(" ".join(step.layouts[-len(bufs):]).encode())
+    piece = "model" if last and not step.pieces else f"model.c{step.pieces}"
+    out = state.sgd.allreduce(flat, f"{piece}.n{flat.numel()}.{layout:08x}")
+    step.pieces += 1
+    step.exact = step.exact and not ALGORITHMS[state.sgd.last_algorithm].lossy
+    if last:
+        if state.sgd.algorithm == "auto":
+            state.auto_exact = step.exact
+        state.end_step()
     off = 0
     for b, f in step.pending:  # DDP reads a result from its storage's start: no slices
         if len(step.pending) > 1 or out is not b:
             b.copy_(out[off:off + b.numel()].view_as(b))
         f.set_result(b)
         off += b.numel()
+    step.pending, step.pending_numel = [], 0
 
 
 class _Lane:

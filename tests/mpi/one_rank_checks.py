@@ -244,6 +244,8 @@ def cases(rng, tmp: Path):
         yield "DistributedOptimizer algorithm", optimizer_algorithm
         yield "HookState algorithm", lambda: raises_everywhere(
             lambda: at.HookState(algorithm=_bad("nope", "oktopk"), density=0.01))
+        yield "HookState chunk differs", lambda: raises_everywhere(
+            lambda: at.HookState(algorithm="topka", chunk=_bad(1 << 20, 1 << 21)), match="chunk")
 
         def register_algorithm_differs():
             from torch.nn.parallel import DistributedDataParallel as DDP

@@ -167,6 +167,28 @@ def case_ddp() -> int:
                   f"ddp {algorithm}: states left after close")
         finals[algorithm] = [p.detach().clone() for p in model.parameters()]
         n += 1
+    # the lossy path in pieces (HookState.chunk): at density 1 TopkA is an exact sum, so
+    # each piece's result, copied back into its buckets, must give DDP's training
+    model = model_fn(seed=RANK)
+    net = DDP(model, bucket_cap_mb=0.001)
+    chunk = max(1, sum(p.numel() for p in model.parameters()) // 3)
+    state = at.HookState(algorithm="topka", density=1.0, warmup_steps=1, prefix="ddp.pieces",
+                         chunk=chunk)
+    net.register_comm_hook(state, at.allreduce_hook)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    for step in range(STEPS):
+        x, y = batch(step, RANK)
+        opt.zero_grad()
+        loss_fn(net, x, y).backward()
+        opt.step()
+    pieces = sorted(name for name in state.sgd._names if ".model." in name)  # not warm-up's
+    check(len(pieces) >= 2 and all(".model.c" in name for name in pieces),
+          f"ddp pieces: names {pieces} (chunk {chunk})")
+    for p, q in zip(finals["default"], model.parameters()):
+        check(torch.allclose(p, q, rtol=1e-4, atol=1e-6),
+              f"ddp pieces: differs from DDP's allreduce by {max_diff(p, q):.3g}")
+    state.close()
+    n += 1
     check("dense" in exact, f"ddp: exact hooks {exact}")
     for algorithm in sorted(exact):  # "auto" too, where it picked exact algorithms only
         for p, q in zip(finals["default"], finals[algorithm]):
