@@ -27,7 +27,7 @@ from ._sparse import (
     to_dense,
     zero_at,
 )
-from ._xp import array_module, flag_nonfinite, index_dtype, is_device_array
+from ._xp import array_module, flag_nonfinite, index_dtype, is_device_array, stream_ordered
 
 __all__ = [
     "add_into",
@@ -46,6 +46,7 @@ __all__ = [
     "region_bounds",
     "scatter_add",
     "split_by_bounds",
+    "stream_ordered",
     "threshold_select",
     "to_dense",
     "topk_indices",

@@ -25,6 +25,7 @@ import numpy as np
 from ._cuda_build import NOKEY, NULL, kernel, key_to_float, on_input_device, read_back, \
     sm_count, workspace
 from ._cuda_select import lookback_select
+from ._xp import is_stream_ordered
 
 HIST_THREADS = 512
 #: up to this many entries the radix select reads x three times instead of
@@ -74,7 +75,8 @@ def radix(x, k, noread_max=RADIX_NOREAD_MAX):
     3. Histograms of bits 19..10 and 9..0 over the m candidates only.
     When the candidates are most of x (heavy ties), step 2 is skipped and
     step 3 reads x; so it is for x of up to ``noread_max`` entries, without
-    the host read (three reads of a small x cost less than the wait).
+    the host read (three reads of a small x cost less than the wait), and
+    for any x inside ``kernels.stream_ordered()``.
     Returns (ws, st, src, m, gather): the workspace, the device address of the
     state (its words 4..6 are the select parameters), the array the final
     select reads, its length and its original indices (None when src is x).
@@ -87,7 +89,7 @@ def radix(x, k, noread_max=RADIX_NOREAD_MAX):
     cp.cuda.runtime.memsetAsync(base, 0, 4 * _RADIX_WORDS, stream.ptr)
     hist(x, n, st, base + 4 * _H1, 20, 11, 4)
     _find(base + 4 * _H1, 11, 20, st, k, 1)
-    if n <= noread_max:     # small: read x again rather than wait for the host
+    if n <= noread_max or is_stream_ordered():  # read x again rather than wait for the host
         _low_digits(x, n, st, base)
         return ws, st, x, n, None
     w = read_back(ws, st, 16, stream).view(np.uint32)

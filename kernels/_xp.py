@@ -5,9 +5,13 @@ machine never imports it.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import sys
 
 import numpy as np
+
+_STREAM_ORDERED = contextvars.ContextVar("kernels_stream_ordered", default=False)
 
 
 def array_module(x):
@@ -35,6 +39,24 @@ def cuda_kernels(x):
     from . import _cuda
 
     return _cuda
+
+
+@contextlib.contextmanager
+def stream_ordered():
+    """Inside the block (this thread), device selections never wait for the
+    device: where exact top-k would read a candidate count back to the host
+    (a stream synchronize), it reads its input twice more instead.  For
+    callers that enqueue work behind other work they must not wait for, such
+    as the DDP hook during the backward pass.  Results are the same."""
+    token = _STREAM_ORDERED.set(True)
+    try:
+        yield
+    finally:
+        _STREAM_ORDERED.reset(token)
+
+
+def is_stream_ordered() -> bool:
+    return _STREAM_ORDERED.get()
 
 
 def flag_nonfinite(x, bit: int, mask, stream=None) -> None:

@@ -188,6 +188,31 @@ def test_topk_one_block_and_radix_paths_match_numpy(cp, dist):
                             kernels.cap_selection(idx, x, k), "cap " + what)
 
 
+@pytest.mark.parametrize("dist", DISTS)
+def test_topk_stream_ordered_reads_nothing_back(cp, dist, monkeypatch):
+    """Inside kernels.stream_ordered() exact top-k of a large array (above
+    RADIX_NOREAD_MAX) and of a large COO set never reads back (a read-back
+    raises here), with numpy's results."""
+    from kernels import _cuda_topk
+
+    def no_read_back(*args):
+        raise AssertionError("read back inside stream_ordered()")
+
+    n = (1 << 19) + 3
+    x = data(dist, n, rng_for("ordered", dist, n))
+    xg = cp.asarray(x)
+    idx = cp.arange(n, dtype=cp.int32)
+    monkeypatch.setattr(_cuda_topk, "read_back", no_read_back)
+    for k in (1, 5243, n // 3):
+        with kernels.stream_ordered():
+            got = kernels.topk_select(xg, k)
+            capped = kernels.cap_selection(idx, xg, k)
+        assert_same(got, kernels.topk_select(x, k), f"stream_ordered topk {dist} n={n} k={k}")
+        assert_same(capped, kernels.topk_select(x, k), f"stream_ordered cap {dist} k={k}")
+    with pytest.raises(AssertionError, match="read back"):
+        kernels.topk_select(xg, 5243)  # outside the block it does read back: the spy works
+
+
 @pytest.mark.parametrize("dist", ["gaussian", "ties", "hot"])
 def test_output_overflow_paths(cp, dist):
     """A capacity too small for the selection: the entries are written again

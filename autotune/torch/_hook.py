@@ -8,6 +8,7 @@ import zlib
 
 import torch
 
+import kernels
 from collectives import ALGORITHMS, NCCLCommunicator, agree, validate
 
 from .. import dispatch
@@ -150,7 +151,10 @@ def allreduce_hook(state: HookState, bucket) -> torch.futures.Future[torch.Tenso
       (its communication overlaps the rest of backward), as one flat tensor
       named ``<prefix>.model.c<i>.n<numel>.<layout>``; the last piece takes
       the buckets left.  k = density x the piece's size, chosen across its
-      layers, and one call's fixed cost per piece.  ``chunk=None``: the whole
+      layers, and one call's fixed cost per piece.  Selections run inside
+      ``kernels.stream_ordered()``: exact top-k does not wait for the device
+      (TopkA's call then has no host wait at all), so the backward pass is
+      not held up by earlier pieces' communication.  ``chunk=None``: the whole
       model in one call at the last bucket, ``<prefix>.model.n<numel>.<layout>``
       (as the Ok-Topk reference and ``DistributedOptimizer(flat=True)`` do).
     * other exact steps (``"dense"`` or ``"mpi"`` chosen, a CPU model, momentum
@@ -196,7 +200,7 @@ def allreduce_hook(state: HookState, bucket) -> torch.futures.Future[torch.Tenso
             step.pending.append((buf, fut))
             step.pending_numel += buf.numel()
             if last or (state.chunk is not None and step.pending_numel >= state.chunk):
-                with _on(lane):
+                with _on(lane), kernels.stream_ordered():  # the host never waits mid-backward
                     _reduce_group(state, step, last)
         else:
             with _on(lane):
