@@ -199,11 +199,14 @@ class SparseSGD:
         f = max(t, 0) / self.density_warmup
         return WARMUP_DENSITY ** (1.0 - f) * self.density ** f
 
-    def allreduce(self, tensor, key: str):
+    def allreduce(self, tensor, key: str, *, checked: bool = False):
         """Average one tensor over all ranks under the name ``prefix.key``.
 
         Does not advance the step (a step may reduce several tensors: call
         ``advance()`` once they are all done, or use ``synchronize``).
+        ``checked``: this name was reduced before and the calls follow each
+        other identically on every rank (``dispatch.reduce_array``): no
+        host exchange.
 
         Returns:
             the average over ranks, of the input's type and shape (a new
@@ -214,10 +217,10 @@ class SparseSGD:
         """
         name = f"{self.prefix}.{key}"
         arr, back = as_array(tensor)   # half precision: a float32 copy (and velocity)
-        return back.back(self._reduce(arr, name, back))
+        return back.back(self._reduce(arr, name, back, checked=checked))
 
     def _reduce(self, arr, name: str, back=None, *, source: str | None = None,
-                contiguous: bool | None = None):
+                contiguous: bool | None = None, checked: bool = False):
         """The step's average of ``arr`` (a numpy or cupy array) as an array of
         ``arr``'s dtype: momentum, learning-rate folding and the algorithm of
         this step.  ``back`` is the caller's adapter (``as_array``), or None
@@ -245,7 +248,8 @@ class SparseSGD:
             out = dispatch.reduce_array(send, name=name, algorithm=algorithm,
                                         density=self.current_density, op="mean",
                                         tau_prime=self.tau_prime, tau=self.tau,
-                                        source=source, contiguous=contiguous)
+                                        source=source, contiguous=contiguous,
+                                        checked=checked)
         if lr is not None:
             out = _divide(out, lr, back)
         self.comm_seconds += time.perf_counter() - t0

@@ -26,8 +26,8 @@ import kernels
 
 from ._comm import Communicator
 
-__all__ = ["SUPPORTED_DTYPES", "DeviceFlags", "agree", "check_intervals", "report_nonfinite",
-           "validate"]
+__all__ = ["SUPPORTED_DTYPES", "DeviceFlags", "agree", "check_intervals", "note_nonfinite",
+           "report_nonfinite", "validate"]
 
 SUPPORTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
@@ -305,6 +305,13 @@ def _device_flags(comm: Communicator) -> DeviceFlags:
     if comm.device_flags is None:
         comm.device_flags = DeviceFlags()
     return comm.device_flags
+
+
+def note_nonfinite(comm: Communicator, x, tag: str = "") -> None:
+    """Scan the C-contiguous device array ``x`` for NaN / Inf into the device
+    flags, reported under ``tag`` by :func:`report_nonfinite` (what
+    ``validate`` does for a device input, without the exchange)."""
+    _device_flags(comm).note(x, tag)
 
 
 def report_nonfinite(comm: Communicator) -> None:

@@ -16,7 +16,7 @@ from ..training import SparseSGD
 
 #: the lossy path's default piece: at least this many elements per reduction
 #: (``HookState(chunk=...)``)
-CHUNK = 1 << 25
+CHUNK = 1 << 26
 
 
 class HookState:
@@ -53,7 +53,8 @@ class HookState:
     True where ``register`` left DDP's own allreduce in place (no hook).
     """
 
-    __slots__ = ("sgd", "chunk", "native", "current", "auto_exact", "_names", "_views")
+    __slots__ = ("sgd", "chunk", "native", "current", "auto_exact", "_names", "_views",
+                 "_pieces")
 
     def __init__(self, *, algorithm: str = "auto", density: float | None = None,
                  warmup_steps: int = 1, prefix: str = "ddp", momentum: float = 0.0,
@@ -74,6 +75,7 @@ class HookState:
         self.auto_exact = None  # with "auto": whether its pick for the model is exact
         self._names: dict = {}  # (bucket index, numel, shapes) -> the bucket's name
         self._views: dict = {}  # bucket name -> (its cupy view, checked across ranks once; tag)
+        self._pieces: set = set()  # lossy pieces reduced before (checked across ranks then)
 
     def close(self) -> list[str]:
         """Free the library's state for this hook's buckets (``SparseSGD.close``;
@@ -81,6 +83,7 @@ class HookState:
         every rank, after its last backward pass has completed."""
         self._names.clear()
         self._views.clear()
+        self._pieces.clear()
         self.auto_exact = None
         return self.sgd.close()
 
@@ -146,7 +149,7 @@ def allreduce_hook(state: HookState, bucket) -> torch.futures.Future[torch.Tenso
       trip (``NCCLCommunicator.mean_inplace``).
     * lossy steps (a sparse algorithm, or ``"auto"`` until it picked an exact
       one): consecutive buckets are gathered into pieces of at least
-      ``HookState.chunk`` elements (2^25 by default), and each piece goes
+      ``HookState.chunk`` elements (2^26 by default), and each piece goes
       through one ``autotune.allreduce`` as soon as its last bucket arrives
       (its communication overlaps the rest of backward), as one flat tensor
       named ``<prefix>.model.c<i>.n<numel>.<layout>``; the last piece takes
@@ -243,7 +246,11 @@ def _reduce_group(state: HookState, step: _Step, last: bool) -> None:
     flat = torch.cat(bufs) if len(bufs) > 1 else bufs[0]
     layout = zlib.crc32(" ".join(step.layouts[-len(bufs):]).encode())
     piece = "model" if last and not step.pieces else f"model.c{step.pieces}"
-    out = state.sgd.allreduce(flat, f"{piece}.n{flat.numel()}.{layout:08x}")
+    name = f"{piece}.n{flat.numel()}.{layout:08x}"
+    # a piece's signature is checked across ranks at its first reduction; later ones
+    # follow DDP's bucket order, the same on every rank, with no host exchange
+    out = state.sgd.allreduce(flat, name, checked=name in state._pieces)
+    state._pieces.add(name)
     step.pieces += 1
     step.exact = step.exact and not ALGORITHMS[state.sgd.last_algorithm].lossy
     if last:

@@ -284,10 +284,11 @@ def cases(rng, tmp: Path):
 
 
 def ddp_hook_nan(torch, at) -> int:
-    """A NaN gradient on one rank at step 1 of a DDP model on GPUs (NCCL) is
+    """A NaN gradient on one rank at step 2 of a DDP model on GPUs (NCCL) is
     raised on every rank by that step's backward (the hook's end-of-step
     report), on each of the hook's paths: "each" (dense), "lane" (nccl),
-    "group" (topka), and by register()'s native route (DDP's allreduce)."""
+    "group" (topka; step 2 is its second sparse step, whose pieces skip the
+    host exchange), and by register()'s native route (DDP's allreduce)."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     at.init_process_group("nccl")
@@ -306,7 +307,7 @@ def ddp_hook_nan(torch, at) -> int:
         raised = None
         for step in range(4):
             x = torch.ones(2, 8, device=dev)
-            if step == 1 and R == BAD:
+            if step == 2 and R == BAD:
                 x[0, 0] = float("nan")
             model.zero_grad(set_to_none=True)  # a NaN gradient does not carry over
             try:
@@ -317,8 +318,8 @@ def ddp_hook_nan(torch, at) -> int:
         torch.cuda.synchronize()
         state.close()
         seen = W.allgather(raised)
-        assert all(s == (1, True) for s in seen), \
-            f"{algorithm}: expected (step 1, NaN) everywhere: {seen}"
+        assert all(s == (2, True) for s in seen), \
+            f"{algorithm}: expected (step 2, NaN) everywhere: {seen}"
     return 4
 
 
