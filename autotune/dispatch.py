@@ -5,7 +5,8 @@ The forced path (``algorithm="dense"``, ``"oktopk"``, ...) needs no profile.
   * with a profile (``init(profile=...)``), rank 0
     asks the selector, broadcasts the decision, and every rank caches it per
     (name, shape, dtype, P, device);
-  * without one, the documented default: ``dense`` (exact Rabenseifner).
+  * without one, the documented default: ``dense`` (exact Rabenseifner), on
+    an NCCL communicator ``nccl`` (ncclAllReduce).
 A tensor without a name is never given a lossy algorithm: error feedback
 needs a stable name to keep its residual under.
 """
@@ -374,7 +375,8 @@ def _decide(comm, n: int, name, density) -> Choice:
     if comm.rank == 0:
         try:
             if sel is None:
-                choice = Choice(DEFAULT_ALGORITHM, None, explanation="no profile: default dense")
+                default = _default_algorithm(comm)
+                choice = Choice(default, None, explanation=f"no profile: default {default}")
             else:
                 runnable = [a for a in sel.algorithms
                             if a in ALGORITHMS and ALGORITHMS[a].supports(comm)]
@@ -390,6 +392,13 @@ def _decide(comm, n: int, name, density) -> Choice:
     if status != "ok":
         raise RuntimeError(f"autotune: rank 0 could not decide for {name!r}: {algorithm}")
     return Choice(algorithm, dens, pred, explanation=why)
+
+
+def _default_algorithm(comm) -> str:
+    """``auto`` without a profile: NCCL's own allreduce on an NCCL communicator
+    (the library's Rabenseifner over NCCL point-to-point runs at 0.6-0.8x of it,
+    docs/BENCHMARKS.md "GPU: collectives over NCCL"), else ``dense``."""
+    return "nccl" if ALGORITHMS["nccl"].supports(comm) else DEFAULT_ALGORITHM
 
 
 def _key(comm, name, arr) -> Key:

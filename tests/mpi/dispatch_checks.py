@@ -15,7 +15,25 @@ ROOT = Path(__file__).resolve().parents[2] / "profiles"
 PROFILES = ["cpu_tcp1gbit_p4.json", "cpu_shm_p4.json", "piz_daint.json"]
 
 
+def no_profile_default(backend: str) -> None:
+    """``auto`` without a profile: ``dense`` over MPI, NCCL's own allreduce over NCCL."""
+    import collectives
+
+    comm = collectives.NCCLCommunicator() if backend == "nccl" else None
+    autotune.init(comm)
+    want = "nccl" if backend == "nccl" else "dense"
+    for n, name in ((1000, None), (1 << 20, "w")):
+        choice = autotune.dispatch.choose(n, name=name, density=0.01)
+        assert choice.algorithm == want, (backend, n, choice)
+
+
 def main() -> int:
+    if "--backend" in sys.argv:  # the GPU machine: python -m tests.mpi.dispatch_checks --backend nccl
+        no_profile_default(sys.argv[sys.argv.index("--backend") + 1])
+        if W.rank == 0:
+            print(f"dispatch_checks P={W.size}: no-profile default ok")
+        return 0
+    no_profile_default("mpi")
     if W.size > 1:
         try:
             autotune.init(profile=str(ROOT / PROFILES[W.rank % len(PROFILES)]))
