@@ -134,13 +134,14 @@ def case_ddp() -> int:
     at.init_process_group("gloo")
     n = 0
     finals, exact = {}, set()
-    for algorithm in ["default", "dense", "auto", *SPARSE]:
+    def train(**hook):
+        """STEPS of SGD on a fresh DDP model, through the hook of ``HookState(**hook)``
+        (none: DDP's allreduce); (model, state)."""
         model = model_fn(seed=RANK)            # DDP broadcasts rank 0's at construction
         net = DDP(model, bucket_cap_mb=0.001)  # ~1 KB buckets: several per step
         state = None
-        if algorithm != "default":
-            state = at.HookState(algorithm=algorithm, density=0.05, warmup_steps=1,
-                                 prefix=f"ddp.{algorithm}")
+        if hook:
+            state = at.HookState(warmup_steps=1, **hook)
             net.register_comm_hook(state, at.allreduce_hook)
         opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
         for step in range(STEPS):
@@ -148,6 +149,11 @@ def case_ddp() -> int:
             opt.zero_grad()
             loss_fn(net, x, y).backward()
             opt.step()
+        return model, state
+
+    for algorithm in ["default", "dense", "auto", *SPARSE]:
+        model, state = train() if algorithm == "default" else train(
+            algorithm=algorithm, density=0.05, prefix=f"ddp.{algorithm}")
         digests = all_digests(model)
         check(len(set(digests)) == 1, f"ddp {algorithm}: replicas differ: {digests}")
         if state is not None:
@@ -169,18 +175,8 @@ def case_ddp() -> int:
         n += 1
     # the lossy path in pieces (HookState.chunk): at density 1 TopkA is an exact sum, so
     # each piece's result, copied back into its buckets, must give DDP's training
-    model = model_fn(seed=RANK)
-    net = DDP(model, bucket_cap_mb=0.001)
-    chunk = max(1, sum(p.numel() for p in model.parameters()) // 3)
-    state = at.HookState(algorithm="topka", density=1.0, warmup_steps=1, prefix="ddp.pieces",
-                         chunk=chunk)
-    net.register_comm_hook(state, at.allreduce_hook)
-    opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
-    for step in range(STEPS):
-        x, y = batch(step, RANK)
-        opt.zero_grad()
-        loss_fn(net, x, y).backward()
-        opt.step()
+    chunk = max(1, sum(p.numel() for p in model_fn(seed=RANK).parameters()) // 3)
+    model, state = train(algorithm="topka", density=1.0, prefix="ddp.pieces", chunk=chunk)
     pieces = sorted(name for name in state.sgd._names if ".model." in name)  # not warm-up's
     check(len(pieces) >= 2 and all(".model.c" in name for name in pieces),
           f"ddp pieces: names {pieces} (chunk {chunk})")
