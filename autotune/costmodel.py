@@ -39,10 +39,13 @@ with: 2, 4, ... up to its P).  An algorithm's cost splits into its latency
 (alpha), bandwidth (beta) and compute parts (:func:`components`); the time
 is ``w_lat lat + w_bw bw + w_cmp cmp + o0 + o1 (P-1)`` with non-negative
 weights per algorithm, pulled toward 1 (Table 1 as it stands) where the runs
-say little.  Where ranks share one host, the bandwidth part follows one of two
+say little; with runs at three or more P, an algorithm keeps its free weights
+only if they predict a left-out P better than Table 1's weights with a fitted
+fixed cost (``_fit_table``).  Where ranks share one host, the bandwidth part follows one of two
 laws, whichever predicts the profile's held-out process counts better
 (:data:`LAWS`): ``cores`` (copies made by the cores the ranks share: the
-contention factor above) or ``link`` (one shared link: beta x the bytes all
+contention factor above, for a message while only some ranks send -- the fold
+of Rabenseifner's extra ranks -- that of the senders) or ``link`` (one shared link: beta x the bytes all
 ranks put on it, :func:`autotune.profile.concurrency`).  :func:`cross_validate`
 gives each algorithm's held-out error: in range (one size left out) and per
 octave of P beyond the runs (one process count left out), the selector's
@@ -87,6 +90,7 @@ class Machine:
     contention: tuple[int, int] | None = None
     law: str = "cores"  # how a shared host's bandwidth term grows with P (LAWS)
     ranks: int | None = None  # the P this machine is priced at (Machine.at), on a shared host
+    cores: int | None = None  # and the cores those ranks share (Machine.at, the cores law)
     weights: dict = field(default_factory=dict)  # algorithm -> (w_lat, w_bw, w_cmp), fit_terms
     _at: dict = field(default_factory=dict, compare=False, repr=False)
 
@@ -105,7 +109,7 @@ class Machine:
             def beta(name: str) -> float:
                 return g if self.law == "cores" else (max(concurrency(name, P), 1.0)
                                                       / max(concurrency(name, P0), 1.0))
-            self._at[P] = self._scaled(lambda name: g, beta, f, ranks=P)
+            self._at[P] = self._scaled(lambda name: g, beta, f, ranks=P, cores=cores)
         return self._at[P]
 
     def _scaled(self, alpha, beta, compute: float, **fields) -> "Machine":
@@ -191,6 +195,8 @@ class Machine:
         a, b = self.p2p.at(m)
         if active is not None and self.law == "link" and self.ranks:
             b *= active / max(concurrency("p2p", self.ranks), 1.0)
+        elif active is not None and self.law == "cores" and self.ranks and self.cores:
+            b *= max(1.0, active / self.cores) / max(1.0, self.ranks / self.cores)
         return model_time("p2p", a, b, m, 2)
 
     def t_allgather(self, m: float, P: int) -> float:
@@ -288,6 +294,17 @@ def _fit(X: np.ndarray, t: np.ndarray, Ps) -> np.ndarray:
     return np.concatenate([nnls(A, y)[0], np.zeros(5 - cols)])
 
 
+def _fit_table(X: np.ndarray, t: np.ndarray, Ps) -> np.ndarray:
+    """Table 1's weights as they stand (1, 1, 1) and the non-negative fixed cost
+    (o0, o1) that best fits the rest, by relative error."""
+    from scipy.optimize import nnls
+
+    cols = 2 if len(set(Ps)) > 1 else 1
+    rest = t - X[:, :3].sum(axis=1)
+    o = nnls(X[:, 3:3 + cols] / t[:, None], rest / t)[0]
+    return np.concatenate([np.ones(3), o, np.zeros(2 - cols)])
+
+
 def _log_err(coef, X, t) -> np.ndarray:
     return np.abs(np.log(np.maximum(X @ coef, 1e-12) / t))
 
@@ -302,15 +319,16 @@ def _size_folds(X, t, Ps, ns) -> list:
     return inside
 
 
-def _p_folds(X, t, Ps) -> list:
+def _p_folds(X, t, Ps, fit=None) -> list:
     """(held-out |log(predicted / measured)|, octaves from the nearest P kept) with
-    each P left out in turn."""
+    each P left out in turn (``fit``: the model's fit, default ``_fit``)."""
+    fit = fit or _fit
     out = []
     for P in sorted(set(Ps)):
         keep = Ps != P
         if keep.any():
             dist = float(np.min(np.abs(np.log2(Ps[keep]) - np.log2(P))))
-            out += [(e, dist) for e in _log_err(_fit(X[keep], t[keep], Ps[keep]), X[~keep],
+            out += [(e, dist) for e in _log_err(fit(X[keep], t[keep], Ps[keep]), X[~keep],
                                                 t[~keep])]
     return out
 
@@ -348,7 +366,11 @@ def fit_terms(machine: Machine, runs) -> Machine:
             machine = by_law[min(LAWS, key=lambda law: (score(law), law))]  # with its cache
     weights, over = {}, {}
     for algo, (X, t, Ps, ns) in _design(machine, runs).items():
-        c = _fit(X, t, Ps)
+        fit = _fit
+        if len(set(Ps)) > 2:  # free weights only where they predict a left-out P better
+            err = {f: np.median([e for e, _ in _p_folds(X, t, Ps, f)]) for f in (_fit, _fit_table)}
+            fit = min((_fit, _fit_table), key=lambda f: err[f])
+        c = fit(X, t, Ps)
         weights[algo] = tuple(float(v) for v in c[:3])
         over[algo] = (float(c[3]), float(c[4]))
     # the terms' prices (``at``, ``part``, ``components``) do not depend on the weights: the

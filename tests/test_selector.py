@@ -193,6 +193,12 @@ def test_contention_scales_compute_and_shared_memory_primitives(slow):
     assert m8.p2p.beta == pytest.approx(2 * m.p2p.beta)  # 4 per core vs the profile's 2
     assert m2.allreduce.at(1 << 20)[1] == pytest.approx(0.5 * m.allreduce.at(1 << 20)[1])
     assert m.at(8) is m8  # cached
+    # a message while only some ranks send (Rabenseifner's fold): those ranks' share of
+    # the cores, not all P's
+    m6 = m.at(6)
+    full, two = m6.t_p2p(1 << 24), m6.t_p2p(1 << 24, active=2)
+    assert two < full and m6.t_p2p(1 << 24, active=6) == pytest.approx(full)
+    assert two - m6.p2p.at(1 << 24)[0] == pytest.approx((full - m6.p2p.at(1 << 24)[0]) / 3)
     # the model uses it: a compute-bound term at P = 8 grows 4x
     n = 1 << 22
     assert costmodel._terms(m, "topka", n, 8, 0.01) > costmodel._terms(m, "topka", n, 2, 0.01)
@@ -276,6 +282,22 @@ def test_shared_link_law_counts_the_active_senders(slow):
     truth = lambda a, n, P: float(costmodel.components(m, a, n, P).sum()) + 1e-4  # noqa: E731
     fitted = costmodel.Machine.from_profile({**prof, "runs": _synthetic_runs(m, truth)})
     assert fitted.law == "link"
+
+
+def test_table_fit_keeps_table1_weights_and_fits_the_fixed_cost():
+    """``_fit_table``, the alternative ``fit_terms`` weighs against free weights on
+    the profile's left-out process counts: Table 1's weights (1, 1, 1) and the
+    fixed cost o0 + o1 (P - 1) that the rest of the time shows."""
+    rng = np.random.default_rng(5)
+    Ps = np.repeat([2, 3, 4], 4)
+    X = np.column_stack([rng.uniform(1e-5, 1e-4, Ps.size), rng.uniform(1e-4, 1e-2, Ps.size),
+                         rng.uniform(1e-5, 1e-3, Ps.size), np.ones(Ps.size), Ps - 1.0])
+    t = X[:, :3].sum(axis=1) + 2e-5 + 1e-6 * (Ps - 1)  # Table 1 as it stands
+    c = costmodel._fit_table(X, t, Ps)
+    assert np.allclose(c[:3], 1) and c[3] == pytest.approx(2e-5, rel=1e-6)
+    assert c[4] == pytest.approx(1e-6, rel=1e-4)
+    assert np.allclose(costmodel._fit_table(X[Ps == 2], t[Ps == 2], Ps[Ps == 2])[3:],
+                       [2e-5 + 1e-6, 0])  # one P: o1 cannot be told apart
 
 
 def replace_law(machine, law):
