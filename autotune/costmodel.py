@@ -92,6 +92,7 @@ class Machine:
     ranks: int | None = None  # the P this machine is priced at (Machine.at), on a shared host
     cores: int | None = None  # and the cores those ranks share (Machine.at, the cores law)
     weights: dict = field(default_factory=dict)  # algorithm -> (w_lat, w_bw, w_cmp), fit_terms
+    table1: frozenset = frozenset()  # algorithms whose weights fit_terms left at Table 1's
     _at: dict = field(default_factory=dict, compare=False, repr=False)
 
     def at(self, P: int) -> "Machine":
@@ -190,8 +191,9 @@ class Machine:
     # primitive times (each with the regime covering its message size), in the
     # shapes of autotune.profile's one table ----------------------------------------
     def t_p2p(self, m: float, active: int | None = None) -> float:
-        """With the ``link`` law, beta (fitted with every rank sending at once) is
-        scaled to the ``active`` senders' share of the link."""
+        """Beta was fitted with every rank sending at once; with ``active``
+        senders it is scaled to their share of the link (``link`` law) or of
+        the cores they share (``cores`` law, at ``Machine.at``'s P)."""
         a, b = self.p2p.at(m)
         if active is not None and self.law == "link" and self.ranks:
             b *= active / max(concurrency("p2p", self.ranks), 1.0)
@@ -309,13 +311,15 @@ def _log_err(coef, X, t) -> np.ndarray:
     return np.abs(np.log(np.maximum(X @ coef, 1e-12) / t))
 
 
-def _size_folds(X, t, Ps, ns) -> list:
-    """Held-out |log(predicted / measured)| with each size left out in turn (in range)."""
+def _size_folds(X, t, Ps, ns, fit=None) -> list:
+    """Held-out |log(predicted / measured)| with each size left out in turn (in range;
+    ``fit``: the model's fit, default ``_fit``)."""
+    fit = fit or _fit
     inside = []
     for n in sorted(set(ns)):
         keep = ns != n
         if keep.sum() >= 2:
-            inside += list(_log_err(_fit(X[keep], t[keep], Ps[keep]), X[~keep], t[~keep]))
+            inside += list(_log_err(fit(X[keep], t[keep], Ps[keep]), X[~keep], t[~keep]))
     return inside
 
 
@@ -364,18 +368,20 @@ def fit_terms(machine: Machine, runs) -> Machine:
                         for e, _ in _p_folds(X, t, Ps)]
                 return float(np.median(errs)) if errs else math.inf
             machine = by_law[min(LAWS, key=lambda law: (score(law), law))]  # with its cache
-    weights, over = {}, {}
+    weights, over, table1 = {}, {}, set()
     for algo, (X, t, Ps, ns) in _design(machine, runs).items():
         fit = _fit
         if len(set(Ps)) > 2:  # free weights only where they predict a left-out P better
             err = {f: np.median([e for e, _ in _p_folds(X, t, Ps, f)]) for f in (_fit, _fit_table)}
             fit = min((_fit, _fit_table), key=lambda f: err[f])
+        if fit is _fit_table:
+            table1.add(algo)
         c = fit(X, t, Ps)
         weights[algo] = tuple(float(v) for v in c[:3])
         over[algo] = (float(c[3]), float(c[4]))
     # the terms' prices (``at``, ``part``, ``components``) do not depend on the weights: the
     # fitted machine keeps their cache, and the held-out errors reuse its design
-    return replace(machine, weights=weights, overhead=over)
+    return replace(machine, weights=weights, overhead=over, table1=frozenset(table1))
 
 
 def heldout_errors(machine: Machine, runs) -> dict[str, tuple[float, float, int]]:
@@ -385,7 +391,8 @@ def heldout_errors(machine: Machine, runs) -> dict[str, tuple[float, float, int]
     (nan with runs at one P); runs).  exp(e) - 1 is the relative error."""
     out = {}
     for algo, (X, t, Ps, ns) in _design(machine, runs).items():
-        inside, beyond = _size_folds(X, t, Ps, ns), _p_folds(X, t, Ps)
+        fit = _fit_table if algo in machine.table1 else _fit  # the fit fit_terms chose
+        inside, beyond = _size_folds(X, t, Ps, ns, fit), _p_folds(X, t, Ps, fit)
         out[algo] = (float(np.median(inside)) if inside else math.nan,
                      _per_octave(inside, beyond), len(t))
     return out

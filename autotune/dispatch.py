@@ -534,7 +534,8 @@ def reduce_array(arr, *, name: str | None = None, algorithm: str = "auto",
     lossy = algorithm == "auto" or (problem is None and ALGORITHMS[algorithm].lossy)
     check_finite = problem is not None or algorithm == "auto" or \
         algorithm_instance(algorithm).check_finite
-    if checked and problem is None and is_device_array(arr) and arr.flags.c_contiguous:
+    if (checked and problem is None and is_device_array(arr) and arr.flags.c_contiguous
+            and arr.size and np.dtype(arr.dtype) in collectives.SUPPORTED_DTYPES):
         if check_finite:
             collectives.note_nonfinite(comm, arr, _tag(name))
     else:

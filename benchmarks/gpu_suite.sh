@@ -35,6 +35,8 @@ conf)
   "${MPI[@]}" $PY -m tests.mpi.conformance --backend nccl --array torch --quick "${ca[@]}"
   step "conformance MPI + cupy (staged or CUDA-aware), P=$NP"
   "${MPI[@]}" $PY -m tests.mpi.conformance --backend mpi --array cupy --quick "${ca[@]}"
+  step "auto without a profile on NCCL, P=$NP"
+  "${MPI[@]}" $PY -m tests.mpi.dispatch_checks --backend nccl
   step "one bad rank, call cases on device arrays (NCCL + cupy), P=$NP"
   "${MPI[@]}" $PY -m tests.mpi.one_rank_checks --array cupy | tail -3
   step "half-precision inputs (cupy float16, torch CUDA float16 / bfloat16), NCCL and MPI, P=$NP"

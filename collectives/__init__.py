@@ -10,7 +10,8 @@
 """
 from ._base import (ALGORITHMS, BACKENDS, ITEM, Algorithm, Prices, SparseAllreduce,
                     SparseState, ceil_log2, register, unregister)
-from ._validate import agree, check_intervals, note_nonfinite, report_nonfinite, validate
+from ._validate import (SUPPORTED_DTYPES, agree, check_intervals, note_nonfinite,
+                        report_nonfinite, validate)
 from ._base import CallRecord, Observation, observe
 from ._comm import Communicator, MPICommunicator, PhaseCounters, Traffic, mpi_library_version
 from ._timing import timeit, timeit_interleaved
@@ -52,6 +53,7 @@ __all__ = [
     "check_intervals",
     "rabenseifner",
     "register",
+    "SUPPORTED_DTYPES",
     "note_nonfinite",
     "report_nonfinite",
     "unregister",

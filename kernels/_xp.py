@@ -43,11 +43,13 @@ def cuda_kernels(x):
 
 @contextlib.contextmanager
 def stream_ordered():
-    """Inside the block (this thread), device selections never wait for the
-    device: where exact top-k would read a candidate count back to the host
-    (a stream synchronize), it reads its input twice more instead.  For
-    callers that enqueue work behind other work they must not wait for, such
-    as the DDP hook during the backward pass.  Results are the same."""
+    """Inside the block (this thread), exact top-k (``topk_select``,
+    ``cap_selection``) never waits for the device: where it would read a
+    candidate count back to the host (a stream synchronize), it reads its
+    input twice more instead.  Threshold selection, Gaussiank's statistics and
+    ``kth_magnitude`` still read back.  For callers that enqueue work behind
+    other work they must not wait for, such as the DDP hook during the
+    backward pass.  Results are the same."""
     token = _STREAM_ORDERED.set(True)
     try:
         yield

@@ -153,12 +153,15 @@ def allreduce_hook(state: HookState, bucket) -> torch.futures.Future[torch.Tenso
       through one ``autotune.allreduce`` as soon as its last bucket arrives
       (its communication overlaps the rest of backward), as one flat tensor
       named ``<prefix>.model.c<i>.n<numel>.<layout>``; the last piece takes
-      the buckets left.  k = density x the piece's size, chosen across its
-      layers, and one call's fixed cost per piece.  Selections run inside
-      ``kernels.stream_ordered()``: exact top-k does not wait for the device
-      (TopkA's call then has no host wait at all), so the backward pass is
-      not held up by earlier pieces' communication.  ``chunk=None``: the whole
-      model in one call at the last bucket, ``<prefix>.model.n<numel>.<layout>``
+      the buckets left (a model that fits in one piece: ``<prefix>.model.n...``).
+      k = density x the piece's size, chosen across its layers, and one
+      call's fixed cost per piece.  A piece's first reduction is checked
+      across ranks (``validate``'s host exchange; with ``"auto"`` the
+      decision's broadcast); later ones are not.  Selections run inside
+      ``kernels.stream_ordered()``: exact top-k does not wait for the device,
+      so TopkA's later calls have no host wait at all; Ok-Topk's and
+      Gaussiank's thresholds and counts still read back.  ``chunk=None``: the
+      whole model in one call at the last bucket, ``<prefix>.model.n<numel>.<layout>``
       (as the Ok-Topk reference and ``DistributedOptimizer(flat=True)`` do).
     * other exact steps (``"dense"`` or ``"mpi"`` chosen, a CPU model, momentum
       correction during warm-up): each bucket through ``autotune.allreduce``
@@ -168,6 +171,9 @@ def allreduce_hook(state: HookState, bucket) -> torch.futures.Future[torch.Tenso
     rank; when DDP rebuilds its buckets after the first iteration, state
     (residuals, velocities) starts fresh instead of adding the old state to
     other coordinates.
+
+    An error in a bucket voids the rest of its step: later buckets are not
+    reduced, their futures carry the same error, and the step is not counted.
 
     The returned future holds the average: the bucket itself (a piece's
     reduction is copied back into its buckets, since DDP reads a
@@ -187,6 +193,11 @@ def allreduce_hook(state: HookState, bucket) -> torch.futures.Future[torch.Tenso
     fut = torch.futures.Future(devices=[buf.device] if lane else None)
     step = state.current
     last = bucket.is_last()
+    if step.failed is not None:  # an earlier bucket of this step raised: the rest is void
+        fut.set_exception(step.failed)
+        if last:
+            state.current = _Step()
+        return fut
     try:
         if step.path is None:
             step.path = state.path(buf)
@@ -203,7 +214,7 @@ def allreduce_hook(state: HookState, bucket) -> torch.futures.Future[torch.Tenso
             step.pending.append((buf, fut))
             step.pending_numel += buf.numel()
             if last or (state.chunk is not None and step.pending_numel >= state.chunk):
-                with _on(lane), kernels.stream_ordered():  # the host never waits mid-backward
+                with _on(lane), kernels.stream_ordered():  # exact top-k: no host read-back
                     _reduce_group(state, step, last)
         else:
             with _on(lane):
@@ -217,17 +228,18 @@ def allreduce_hook(state: HookState, bucket) -> torch.futures.Future[torch.Tenso
                 f.set_exception(e)
         if not fut.done():
             fut.set_exception(e)
+        # the step's later buckets are not reduced (DDP's wait raises e) and it is not
+        # counted; its pieces keep their names, so the next step finds them again
+        step.failed, step.pending = e, []
+    if last:
         state.current = _Step()
-    else:
-        if last:
-            state.current = _Step()
     return fut
 
 
 class _Step:
     """What the hook keeps during one backward pass."""
 
-    __slots__ = ("path", "layouts", "pending", "pending_numel", "pieces", "exact")
+    __slots__ = ("path", "layouts", "pending", "pending_numel", "pieces", "exact", "failed")
 
     def __init__(self):
         self.path = None      # "lane", "group" or "each"
@@ -236,6 +248,7 @@ class _Step:
         self.pending_numel = 0
         self.pieces = 0       # "group" path: pieces reduced so far
         self.exact = True     # "group" path with "auto": every piece's pick exact so far
+        self.failed = None    # the error an earlier bucket of this step raised
 
 
 def _reduce_group(state: HookState, step: _Step, last: bool) -> None:

@@ -287,8 +287,9 @@ def ddp_hook_nan(torch, at) -> int:
     """A NaN gradient on one rank at step 2 of a DDP model on GPUs (NCCL) is
     raised on every rank by that step's backward (the hook's end-of-step
     report), on each of the hook's paths: "each" (dense), "lane" (nccl),
-    "group" (topka; step 2 is its second sparse step, whose pieces skip the
-    host exchange), and by register()'s native route (DDP's allreduce)."""
+    "group" (topka in pieces of >= 64 elements; step 2 is its second sparse
+    step, whose pieces skip the host exchange), and by register()'s native
+    route (DDP's allreduce)."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     at.init_process_group("nccl")
@@ -302,7 +303,8 @@ def ddp_hook_nan(torch, at) -> int:
             state = at.register(model, algorithm="nccl", prefix="nan.native")
             assert state.native, "register(nccl) on NCCL kept a Python hook"
         else:
-            state = at.HookState(algorithm=algorithm, density=0.1, prefix=f"nan.{algorithm}")
+            state = at.HookState(algorithm=algorithm, density=0.1, prefix=f"nan.{algorithm}",
+                                 chunk=64)  # topka: several pieces, each on the CUDA stream
             model.register_comm_hook(state, at.allreduce_hook)
         raised = None
         for step in range(4):

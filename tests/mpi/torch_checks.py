@@ -134,11 +134,13 @@ def case_ddp() -> int:
     at.init_process_group("gloo")
     n = 0
     finals, exact = {}, set()
+    DDP_OF = {}  # model -> its DDP wrapper
+
     def train(**hook):
         """STEPS of SGD on a fresh DDP model, through the hook of ``HookState(**hook)``
         (none: DDP's allreduce); (model, state)."""
         model = model_fn(seed=RANK)            # DDP broadcasts rank 0's at construction
-        net = DDP(model, bucket_cap_mb=0.001)  # ~1 KB buckets: several per step
+        net = DDP_OF[model] = DDP(model, bucket_cap_mb=0.001)  # ~1 KB buckets: several per step
         state = None
         if hook:
             state = at.HookState(warmup_steps=1, **hook)
@@ -183,6 +185,34 @@ def case_ddp() -> int:
     for p, q in zip(finals["default"], model.parameters()):
         check(torch.allclose(p, q, rtol=1e-4, atol=1e-6),
               f"ddp pieces: differs from DDP's allreduce by {max_diff(p, q):.3g}")
+    state.close()
+    n += 1
+    # an error in a piece that is not the last voids the rest of its step on every rank:
+    # later pieces are not reduced (no new names, no residuals), the step is not counted,
+    # and the next step trains with the same pieces
+    model, state = train(algorithm="topka", density=0.5, prefix="ddp.fail", chunk=chunk)
+    names, steps, cls = set(state.sgd._names), state.sgd.step, type(state.sgd)
+    orig = cls.allreduce
+
+    def failing(self, tensor, key, **kw):
+        if key.startswith("model.c0."):
+            raise RuntimeError("injected")
+        return orig(self, tensor, key, **kw)
+    cls.allreduce = failing  # SparseSGD has __slots__: patched on the class, for one pass
+    x, y = batch(0, RANK)
+    try:
+        loss_fn(DDP_OF[model], x, y).backward()
+        raised = None
+    except RuntimeError as e:
+        raised = str(e)
+    finally:
+        cls.allreduce = orig
+    check(raised is not None and "injected" in raised, f"ddp fail: raised {raised!r}")
+    check(state.sgd.step == steps and set(state.sgd._names) == names,
+          f"ddp fail: step {steps} -> {state.sgd.step}, names {sorted(set(state.sgd._names) - names)}")
+    loss_fn(DDP_OF[model], x, y).backward()
+    check(state.sgd.step == steps + 1 and set(state.sgd._names) == names,
+          "ddp fail: the step after the error")
     state.close()
     n += 1
     check("dense" in exact, f"ddp: exact hooks {exact}")
