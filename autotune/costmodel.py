@@ -41,12 +41,13 @@ is ``w_lat lat + w_bw bw + w_cmp cmp + o0 + o1 (P-1)`` with non-negative
 weights per algorithm, pulled toward 1 (Table 1 as it stands) where the runs
 say little; with runs at three or more P, an algorithm keeps its free weights
 only if they predict a left-out P better than Table 1's weights with a fitted
-fixed cost (``_fit_table``).  Where ranks share one host, the bandwidth part follows one of two
-laws, whichever predicts the profile's held-out process counts better
-(:data:`LAWS`): ``cores`` (copies made by the cores the ranks share: the
-contention factor above, for a message while only some ranks send -- the fold
-of Rabenseifner's extra ranks -- that of the senders) or ``link`` (one shared link: beta x the bytes all
-ranks put on it, :func:`autotune.profile.concurrency`).  :func:`cross_validate`
+fixed cost (``_fit_table``).  Where ranks share one host, the bandwidth part
+follows one of two laws, whichever predicts the profile's held-out process
+counts better (:data:`LAWS`): ``cores`` (copies made by the cores the ranks
+share: the contention factor above; for a message while only some ranks
+send, such as the fold of Rabenseifner's extra ranks, that of the senders) or
+``link`` (one shared link: beta x the bytes all ranks put on it,
+:func:`autotune.profile.concurrency`).  :func:`cross_validate`
 gives each algorithm's held-out error: in range (one size left out) and per
 octave of P beyond the runs (one process count left out), the selector's
 error bars.
@@ -311,10 +312,9 @@ def _log_err(coef, X, t) -> np.ndarray:
     return np.abs(np.log(np.maximum(X @ coef, 1e-12) / t))
 
 
-def _size_folds(X, t, Ps, ns, fit=None) -> list:
+def _size_folds(X, t, Ps, ns, fit=_fit) -> list:
     """Held-out |log(predicted / measured)| with each size left out in turn (in range;
-    ``fit``: the model's fit, default ``_fit``)."""
-    fit = fit or _fit
+    ``fit``: the model's fit)."""
     inside = []
     for n in sorted(set(ns)):
         keep = ns != n
@@ -323,10 +323,9 @@ def _size_folds(X, t, Ps, ns, fit=None) -> list:
     return inside
 
 
-def _p_folds(X, t, Ps, fit=None) -> list:
+def _p_folds(X, t, Ps, fit=_fit) -> list:
     """(held-out |log(predicted / measured)|, octaves from the nearest P kept) with
-    each P left out in turn (``fit``: the model's fit, default ``_fit``)."""
-    fit = fit or _fit
+    each P left out in turn (``fit``: the model's fit)."""
     out = []
     for P in sorted(set(Ps)):
         keep = Ps != P

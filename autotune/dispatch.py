@@ -25,7 +25,6 @@ import numpy as np
 
 import collectives
 from collectives import ALGORITHMS, agree, validate
-from kernels import is_device_array
 
 from ._convert import as_array
 
@@ -523,27 +522,19 @@ def reduce_array(arr, *, name: str | None = None, algorithm: str = "auto",
     dtype and contiguity when ``arr`` is a widened copy of a half-precision
     tensor (``autotune._convert.Adapter``), checked across ranks instead of
     ``arr``'s.  ``problem``: an error the caller found on this rank (raised
-    on every rank).  ``checked``: the caller has had this call's signature
-    checked across ranks by an earlier call, and its calls follow each other
-    in the same order with the same arguments on every rank by construction
-    (the DDP hook's pieces): the host exchange is skipped; a device input is
-    still scanned for NaN / Inf into the device flags."""
+    on every rank).  ``checked``: ``validate``'s (a device input agreed at an
+    earlier call skips the host exchange)."""
     comm = comm or communicator()
     extra = {"tau": tau, "tau_prime": tau_prime}
     problem = problem or _call_problem(comm, algorithm, op)
     lossy = algorithm == "auto" or (problem is None and ALGORITHMS[algorithm].lossy)
     check_finite = problem is not None or algorithm == "auto" or \
         algorithm_instance(algorithm).check_finite
-    if (checked and problem is None and is_device_array(arr) and arr.flags.c_contiguous
-            and arr.size and np.dtype(arr.dtype) in collectives.SUPPORTED_DTYPES):
-        if check_finite:
-            collectives.note_nonfinite(comm, arr, _tag(name))
-    else:
-        # one collective check of everything that must agree (the algorithm's name and
-        # the op included), so that every rank runs the same thing or every rank raises
-        validate(comm, arr, density=density if lossy else None, check_finite=check_finite,
-                 tag=_tag(name), params=extra if lossy else None, source=source,
-                 contiguous=contiguous, call=f"{algorithm}/{op}", problem=problem)
+    # one collective check of everything that must agree (the algorithm's name and
+    # the op included), so that every rank runs the same thing or every rank raises
+    validate(comm, arr, density=density if lossy else None, check_finite=check_finite,
+             tag=_tag(name), params=extra if lossy else None, source=source,
+             contiguous=contiguous, call=f"{algorithm}/{op}", problem=problem, checked=checked)
     choice = None
     if algorithm == "auto":
         choice = _resolve_validated(comm, arr, name, density)

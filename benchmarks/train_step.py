@@ -144,8 +144,7 @@ def _attach(ddp, variant: str, args):
             None, matrix_approximation_rank=int(variant[8:]),
             start_powerSGD_iter=max(2, args.warmup // 2)), powerSGD_hook.powerSGD_hook)
     elif variant.startswith(("at:", "hook:")):
-        alg, _, piece = variant.split(":")[1].partition("@")
-        extra = {} if not piece else {"chunk": None if piece == "whole" else 1 << int(piece[1:])}
+        alg, extra = _hook_variant(variant)
         state = at.HookState(algorithm=alg, density=args.density, **extra,
                              prefix=f"train_step.{variant.replace(':', '.').replace('@', '.')}")
         if variant.startswith("at:"):
@@ -156,9 +155,19 @@ def _attach(ddp, variant: str, args):
     return None
 
 
-def _piece_ok(piece: str) -> bool:
-    """A variant's ``@`` suffix: none, ``whole`` or ``c<log2 of HookState's chunk>``."""
-    return piece in ("", "whole") or (piece[:1] == "c" and piece[1:].isdigit())
+def _hook_variant(variant: str):
+    """``at:ALG[@c<N>|@whole]`` / ``hook:...``: (ALG, HookState's chunk argument as a
+    dict: none, 2**N or None), or None where it is not such a variant."""
+    kind, _, rest = variant.partition(":")
+    alg, _, piece = rest.partition("@")
+    if kind not in ("at", "hook") or alg not in ("auto", *collectives.ALGORITHMS):
+        return None
+    if not piece:
+        return alg, {}
+    if piece == "whole":
+        return alg, {"chunk": None}
+    return (alg, {"chunk": 1 << int(piece[1:])}) if piece[:1] == "c" and piece[1:].isdigit() \
+        else None
 
 
 def _variants(text: str) -> list:
@@ -167,9 +176,7 @@ def _variants(text: str) -> list:
         if not (v in ("compute", "ddp", "fp16", "allreduce")
                 or (v[:8] == "powersgd" and v[8:].isdigit())
                 or (v.startswith(HOLDS) and v[5:].isdigit())
-                or (v.split(":")[0] in ("at", "hook")
-                    and v.split(":", 1)[1].partition("@")[0] in ("auto", *collectives.ALGORITHMS)
-                    and _piece_ok(v.partition("@")[2]))):
+                or _hook_variant(v) is not None):
             raise argparse.ArgumentTypeError(f"unknown variant {v!r}: {', '.join(VARIANTS)}, "
                                              "powersgdR, at:<a registered algorithm>, "
                                              "hook:<one> (either with @c<log2 chunk> or "

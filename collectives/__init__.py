@@ -8,10 +8,11 @@
     out = algo(grad, name="fc1.weight", density=0.01)
     print(algo.last_traffic.bytes_sent())
 """
+from kernels import stream_ordered  # whether the algorithms' selections may wait for the device
+
 from ._base import (ALGORITHMS, BACKENDS, ITEM, Algorithm, Prices, SparseAllreduce,
                     SparseState, ceil_log2, register, unregister)
-from ._validate import (SUPPORTED_DTYPES, agree, check_intervals, note_nonfinite,
-                        report_nonfinite, validate)
+from ._validate import agree, check_intervals, report_nonfinite, validate
 from ._base import CallRecord, Observation, observe
 from ._comm import Communicator, MPICommunicator, PhaseCounters, Traffic, mpi_library_version
 from ._timing import timeit, timeit_interleaved
@@ -53,9 +54,8 @@ __all__ = [
     "check_intervals",
     "rabenseifner",
     "register",
-    "SUPPORTED_DTYPES",
-    "note_nonfinite",
     "report_nonfinite",
+    "stream_ordered",
     "unregister",
     "timeit",
     "timeit_interleaved",

@@ -26,8 +26,8 @@ import kernels
 
 from ._comm import Communicator
 
-__all__ = ["SUPPORTED_DTYPES", "DeviceFlags", "agree", "check_intervals", "note_nonfinite",
-           "report_nonfinite", "validate"]
+__all__ = ["SUPPORTED_DTYPES", "DeviceFlags", "agree", "check_intervals", "report_nonfinite",
+           "validate"]
 
 SUPPORTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
@@ -99,7 +99,7 @@ def _local_code(x, density, contiguous) -> int:
 def validate(comm: Communicator, x, *, density: float | None = None, check_finite: bool = True,
              tag: str = "", params: dict | None = None, source: str | None = None,
              contiguous: bool | None = None, call: str = "",
-             problem: BaseException | None = None):
+             problem: BaseException | None = None, checked: bool = False):
     """Check ``x`` on every rank and agree on the verdict.
 
     One small allgather carries each rank's problem code and a fingerprint
@@ -127,6 +127,12 @@ def validate(comm: Communicator, x, *, density: float | None = None, check_finit
     algorithm, an input that is no array; ``x`` may then be None).  The
     lowest such rank's error is sent to every rank, which all raise it.
 
+    ``checked``: the caller had this signature agreed by an earlier call and
+    its calls follow each other in the same order with the same arguments on
+    every rank by construction (the DDP hook's pieces).  A device input that
+    passes the local checks then skips the exchange (its NaN / Inf scan is
+    still enqueued); anything else is checked as usual.
+
     Raises:
         TypeError: unsupported dtype (or a ``problem`` that is one) on some rank.
         ValueError: any other problem on some rank, or shapes/dtypes/names/
@@ -151,6 +157,8 @@ def validate(comm: Communicator, x, *, density: float | None = None, check_finit
                     code |= _NONFINITE
             elif not code and x.flags.c_contiguous:  # the kernel reads a flat float array
                 _device_flags(comm).note(x, tag)
+        if checked and not code and not isinstance(x, np.ndarray):
+            return
     flat = _exchange(comm, (code, fp)).ravel().tolist()
     if not any(flat[0::2]) and flat[1::2].count(fp) == comm.size:
         return
@@ -305,13 +313,6 @@ def _device_flags(comm: Communicator) -> DeviceFlags:
     if comm.device_flags is None:
         comm.device_flags = DeviceFlags()
     return comm.device_flags
-
-
-def note_nonfinite(comm: Communicator, x, tag: str = "") -> None:
-    """Scan the C-contiguous device array ``x`` for NaN / Inf into the device
-    flags, reported under ``tag`` by :func:`report_nonfinite` (what
-    ``validate`` does for a device input, without the exchange)."""
-    _device_flags(comm).note(x, tag)
 
 
 def report_nonfinite(comm: Communicator) -> None:

@@ -8,8 +8,7 @@ import zlib
 
 import torch
 
-import kernels
-from collectives import ALGORITHMS, NCCLCommunicator, agree, validate
+from collectives import ALGORITHMS, NCCLCommunicator, agree, stream_ordered, validate
 
 from .. import dispatch
 from ..training import SparseSGD
@@ -158,7 +157,7 @@ def allreduce_hook(state: HookState, bucket) -> torch.futures.Future[torch.Tenso
       call's fixed cost per piece.  A piece's first reduction is checked
       across ranks (``validate``'s host exchange; with ``"auto"`` the
       decision's broadcast); later ones are not.  Selections run inside
-      ``kernels.stream_ordered()``: exact top-k does not wait for the device,
+      ``collectives.stream_ordered()``: exact top-k does not wait for the device,
       so TopkA's later calls have no host wait at all; Ok-Topk's and
       Gaussiank's thresholds and counts still read back.  ``chunk=None``: the
       whole model in one call at the last bucket, ``<prefix>.model.n<numel>.<layout>``
@@ -212,9 +211,9 @@ def allreduce_hook(state: HookState, bucket) -> torch.futures.Future[torch.Tenso
             lane.complete(fut, buf, current)
         elif step.path == "group":
             step.pending.append((buf, fut))
-            step.pending_numel += buf.numel()
-            if last or (state.chunk is not None and step.pending_numel >= state.chunk):
-                with _on(lane), kernels.stream_ordered():  # exact top-k: no host read-back
+            if last or (state.chunk is not None
+                        and sum(b.numel() for b, _ in step.pending) >= state.chunk):
+                with _on(lane), stream_ordered():  # exact top-k: no host read-back
                     _reduce_group(state, step, last)
         else:
             with _on(lane):
@@ -239,13 +238,12 @@ def allreduce_hook(state: HookState, bucket) -> torch.futures.Future[torch.Tenso
 class _Step:
     """What the hook keeps during one backward pass."""
 
-    __slots__ = ("path", "layouts", "pending", "pending_numel", "pieces", "exact", "failed")
+    __slots__ = ("path", "layouts", "pending", "pieces", "exact", "failed")
 
     def __init__(self):
         self.path = None      # "lane", "group" or "each"
         self.layouts = []     # the buckets' names so far
         self.pending = []     # (bucket buffer, future) of the piece in the making, "group" path
-        self.pending_numel = 0
         self.pieces = 0       # "group" path: pieces reduced so far
         self.exact = True     # "group" path with "auto": every piece's pick exact so far
         self.failed = None    # the error an earlier bucket of this step raised
@@ -276,7 +274,7 @@ def _reduce_group(state: HookState, step: _Step, last: bool) -> None:
             b.copy_(out[off:off + b.numel()].view_as(b))
         f.set_result(b)
         off += b.numel()
-    step.pending, step.pending_numel = [], 0
+    step.pending = []
 
 
 class _Lane:

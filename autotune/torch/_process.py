@@ -1,7 +1,6 @@
 """torch.distributed on the MPI ranks, parameters broadcast from one rank, replica digests."""
 import atexit
 import hashlib
-import os
 import socket
 
 import numpy as np
@@ -12,27 +11,29 @@ from collectives import agree
 from .. import dispatch
 
 
-def init_process_group(backend: str = "gloo", **kwargs) -> None:
+def init_process_group(backend: str = "gloo", *, addr: str = "127.0.0.1",
+                       port: int | None = None, **kwargs) -> None:
     """Initialize ``torch.distributed`` with the MPI ranks (rank and world size
-    from the Communicator).
-
-    Rank 0 picks a free TCP port on ``MASTER_ADDR`` (default 127.0.0.1, i.e.
-    all ranks on one host; set ``MASTER_ADDR`` to rank 0's address otherwise)
-    and broadcasts it, unless ``MASTER_PORT`` is already set.  Idempotent.
-    The group is destroyed at interpreter exit (gloo's worker threads must
-    not outlive Python's finalization).
+    from the Communicator).  Idempotent.  The group is destroyed at interpreter
+    exit (gloo's worker threads must not outlive Python's finalization).
 
     Args:
         backend: "gloo" (CPU) or "nccl".
+        addr: rank 0's address for the TCP rendezvous (the default: all ranks
+            on one host).
+        port: its TCP port; None: rank 0 picks a free one and broadcasts it.
         kwargs: passed on to ``torch.distributed.init_process_group``.
+
+    Raises:
+        ValueError: backend, addr or port differ across ranks (on every rank,
+            instead of a rendezvous that never completes).
     """
     import torch.distributed as dist
 
     if dist.is_initialized():
         return
     comm = dispatch.communicator()
-    addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
-    port = os.environ.get("MASTER_PORT")
+    agree(comm, value=(backend, addr, port), what="init_process_group's backend, addr and port")
     if port is None:
         port = comm.bcast_obj(_free_port(addr) if comm.rank == 0 else None, 0)
     dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}",

@@ -247,6 +247,11 @@ def cases(rng, tmp: Path):
         yield "HookState chunk differs", lambda: raises_everywhere(
             lambda: at.HookState(algorithm="topka", chunk=_bad(1 << 20, 1 << 21)), match="chunk")
 
+        # before any case below initializes torch.distributed (later calls return at once)
+        yield "init_process_group port differs", lambda: raises_everywhere(
+            lambda: at.init_process_group("gloo", port=_bad(29500, 29501)),
+            match="init_process_group")
+
         def register_algorithm_differs():
             from torch.nn.parallel import DistributedDataParallel as DDP
 
