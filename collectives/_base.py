@@ -328,10 +328,12 @@ def observe(callback) -> Observation:
 class SparseAllreduce(Algorithm):
     """Base of the top-k family: error feedback around a stateless exchange.
 
-    Subclasses implement ``_exchange(acc, state) -> out`` where ``acc`` is the
-    residual buffer already holding residual + x; they must zero in ``acc``
-    exactly the entries whose values reached the output (or move dropped
-    partial sums into it), so that conservation holds:
+    Subclasses implement ``_exchange(acc, state, x) -> out`` where ``acc`` is
+    the residual buffer and ``x`` the new input: first they add x into acc
+    (``kernels.add_into``, or ``_take_topk``, which fuses the sum into the
+    selection on the GPU); they must zero in ``acc`` exactly the entries
+    whose values reached the output (or move dropped partial sums into it),
+    so that conservation holds:
     sum(outputs) + sum(residuals over ranks) == sum(inputs).
     """
 
@@ -393,27 +395,27 @@ class SparseAllreduce(Algorithm):
             st.tau = int(tau)
         if tau_prime is not None:
             st.tau_prime = int(tau_prime)
-        acc = st.residual
-        kernels.add_into(acc, x)
-        out = self._exchange(acc, st)
+        out = self._exchange(st.residual, st, x)
         st.iteration += 1
         return out
 
-    def _take_topk(self, acc, st: SparseState):
-        """Exact local top-k of ``acc``; the selected values leave the residual
-        (for algorithms that deliver every selected value to the output)."""
+    def _take_topk(self, acc, st: SparseState, x):
+        """acc += x, then the exact local top-k of ``acc`` (on the GPU the sum
+        is fused into the selection's first pass); the selected values leave
+        the residual (for algorithms that deliver every selected value to the
+        output)."""
         with self.comm.phase("select"):
-            idx, vals = kernels.topk_select(acc, st.k, work=self.kernel_work(acc))
+            idx, vals = kernels.topk_select(acc, st.k, work=self.kernel_work(acc), add=x)
             kernels.zero_at(acc, idx)
         st.selected_local = int(idx.size)
         return idx, vals
 
-    def _take_regions(self, acc, st: SparseState):
+    def _take_regions(self, acc, st: SparseState, x):
         """``_take_topk`` plus the index space cut into P equal regions (the
         region-based exchanges): (idx, vals, bounds, array module)."""
-        idx, vals = self._take_topk(acc, st)
+        idx, vals = self._take_topk(acc, st, x)
         return idx, vals, kernels.region_bounds(acc.size, self.comm.size), \
             kernels.array_module(acc)
 
     @abc.abstractmethod
-    def _exchange(self, acc, state: SparseState): ...
+    def _exchange(self, acc, state: SparseState, x): ...

@@ -207,8 +207,9 @@ class OkTopk(SparseAllreduce):
         self.last_stats: dict = {}
 
     # -- the exchange --------------------------------------------------------------
-    def _exchange(self, acc, st):
+    def _exchange(self, acc, st, x):
         comm, P, k = self.comm, self.comm.size, st.k
+        kernels.add_into(acc, x)
         Q, B = _budgets(P, k, _QUOTA)
         start = comm.traffic.copy() if self.budget is not None else None
         refresh = st.iteration % st.tau_prime == 0 or st.local_threshold is None

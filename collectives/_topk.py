@@ -40,9 +40,9 @@ class TopkA(SparseAllreduce):
 
     name = "topka"
 
-    def _exchange(self, acc, st):
+    def _exchange(self, acc, st, x):
         comm = self.comm
-        idx, vals = self._take_topk(acc, st)
+        idx, vals = self._take_topk(acc, st, x)
         out = allgather_coo(comm, idx, vals, acc.size, equal_counts=True)
         st.selected_global = st.selected_local * comm.size
         return out
@@ -80,8 +80,9 @@ class GaussianK(SparseAllreduce):
     name = "gaussiank"
     state_class = GaussianKState
 
-    def _exchange(self, acc, st):
+    def _exchange(self, acc, st, x):
         comm = self.comm
+        kernels.add_into(acc, x)
         with comm.phase("select"):
             idx, vals, thr = kernels.gaussian_select(acc, st.k, st.density)
             kernels.zero_at(acc, idx)

@@ -74,9 +74,9 @@ class TopKA2A(SparseAllreduce):
 
     name = "topka2a"
 
-    def _exchange(self, acc, st):
+    def _exchange(self, acc, st, x):
         comm, P, rank = self.comm, self.comm.size, self.comm.rank
-        idx, vals, bounds, xp = self._take_regions(acc, st)
+        idx, vals, bounds, xp = self._take_regions(acc, st, x)
         n = acc.size
         with comm.phase("select"):
             offs = kernels.split_by_bounds(idx, bounds)

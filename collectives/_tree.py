@@ -64,11 +64,11 @@ class GTopk(SparseAllreduce):
 
     name = "gtopk"
 
-    def _exchange(self, acc, st):
+    def _exchange(self, acc, st, x):
         comm, P, rank = self.comm, self.comm.size, self.comm.rank
         xp = kernels.array_module(acc)
         k = st.k
-        idx, vals = self._take_topk(acc, st)
+        idx, vals = self._take_topk(acc, st, x)
         d = 1
         while d < P:
             if rank % (2 * d) == d:
@@ -135,9 +135,9 @@ class TopkDSA(SparseAllreduce):
 
     name = "topkdsa"
 
-    def _exchange(self, acc, st):
+    def _exchange(self, acc, st, x):
         comm, P, rank = self.comm, self.comm.size, self.comm.rank
-        idx, vals, bounds, xp = self._take_regions(acc, st)
+        idx, vals, bounds, xp = self._take_regions(acc, st, x)
         n = acc.size
         offs = kernels.split_by_bounds(idx, bounds)
         send_i, send_v = [], []

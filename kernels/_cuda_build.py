@@ -25,7 +25,7 @@ SOURCE_DIR = Path(__file__).resolve().parent / "cuda"
 #: which source defines each kernel
 KERNEL_SOURCES = {
     "select.cu": ("sel_thr8", "sel_topk8", "sel_topkx8", "sel_local8", "sel_stitch8"),
-    "radix.cu": ("tk_hist", "tk_find", "tk_small"),
+    "radix.cu": ("tk_hist", "tk_hist_add", "tk_find", "tk_small"),
     "gaussian.cu": ("gs_partial", "gs_finish", "gs_count1", "gs_count4", "gs_count16"),
     "sparse.cu": ("seg_sum_f32", "seg_sum_f64", "seg_scatter_add_i32", "seg_scatter_add_i64",
                   "zero_at_i32", "zero_at_i64", "add_into_f32"),

@@ -9,7 +9,9 @@ shared-memory histograms, 4 copies against same-bin serialisation) and
 device) of ``kernels/cuda/radix.cu``.  The entries in that bin and above (k
 plus one bin: a few percent of n) are compacted in index order by the select
 kernel, and the later passes and the final tie-aware select run on those
-candidates only: two full reads of x.
+candidates only: two full reads of x.  Error feedback's sum (``add``) rides
+on the first pass (``tk_hist_add``: x += add as it is histogrammed), which
+saves the separate pass over x (docs/BENCHMARKS.md, "Fixed cost per call").
 
 Up to ``TOPK_SMALL_MAX`` entries one launch of one block (``tk_small``) does
 it all, the same key radix select in four 8-bit digits, then an ordered write,
@@ -25,6 +27,7 @@ import numpy as np
 from ._cuda_build import NOKEY, NULL, kernel, key_to_float, on_input_device, read_back, \
     sm_count, workspace
 from ._cuda_select import lookback_select
+from ._cuda_sparse import add_into
 from ._xp import is_stream_ordered
 
 HIST_THREADS = 512
@@ -41,13 +44,14 @@ TOPK_SMALL_MAX = 1 << 14
 _H1, _H2, _H3, _ST, _RADIX_WORDS = 0, 2048, 3072, 4096, 4112
 
 
-def hist(src, m, st, hist_ptr, shift, nbits, copies):
-    """Launch tk_hist over m keys of src; st and hist_ptr are device pointers (int)."""
+def hist(src, m, st, hist_ptr, shift, nbits, copies, add=None):
+    """Launch tk_hist over m keys of src; st and hist_ptr are device pointers (int).
+    ``add`` (pass 1): tk_hist_add, which first does src += add (same length)."""
     grid = max(1, min((m // 4 + 2 * HIST_THREADS - 1) // (2 * HIST_THREADS), 4 * sm_count()))
-    kernel("tk_hist")(
-        (grid,), (HIST_THREADS,),
-        (src, np.int64(m), np.uint64(st), np.uint64(hist_ptr), np.int32(shift),
-         np.int32(nbits), np.int32(copies)),
+    tail = (np.int64(m), np.uint64(st), np.uint64(hist_ptr), np.int32(shift), np.int32(nbits),
+            np.int32(copies))
+    kernel("tk_hist" if add is None else "tk_hist_add")(
+        (grid,), (HIST_THREADS,), (src, *tail) if add is None else (src, add, *tail),
         shared_mem=(copies << nbits) * 4)
 
 
@@ -64,10 +68,11 @@ def _low_digits(src, m, st, base):
     _find(base + 4 * _H3, 10, 0, st, 0, 3)
 
 
-def radix(x, k, noread_max=RADIX_NOREAD_MAX):
+def radix(x, k, noread_max=RADIX_NOREAD_MAX, add=None):
     """The k-th largest magnitude key of float32 x, found on the device.
 
-    1. Histogram of key bits 30..20 over x (full read), find the bin b1 of
+    1. Histogram of key bits 30..20 over x (full read; with ``add``, x += add
+       first, in the same pass: error feedback fused), find the bin b1 of
        the k-th key.  The host reads 3 words: how many keys lie in bins >= b1
        (m = k - remaining rank + count of b1).
     2. Ordered compaction of those m entries (index, value) with the select
@@ -87,7 +92,7 @@ def radix(x, k, noread_max=RADIX_NOREAD_MAX):
     base = ws.buf.data.ptr
     st = base + 4 * _ST
     cp.cuda.runtime.memsetAsync(base, 0, 4 * _RADIX_WORDS, stream.ptr)
-    hist(x, n, st, base + 4 * _H1, 20, 11, 4)
+    hist(x, n, st, base + 4 * _H1, 20, 11, 4, add)
     _find(base + 4 * _H1, 11, 20, st, k, 1)
     if n <= noread_max or is_stream_ordered():  # read x again rather than wait for the host
         _low_digits(x, n, st, base)
@@ -129,11 +134,12 @@ def _topk_small(x, k: int, idx=None):
 
 
 @on_input_device
-def topk_select(x, k: int, *, small_max: int = TOPK_SMALL_MAX,
+def topk_select(x, k: int, *, add=None, small_max: int = TOPK_SMALL_MAX,
                 noread_max: int = RADIX_NOREAD_MAX):
     """Exact top-k by magnitude, ties to the lowest indices: (idx sorted, values).
 
-    ``x``: flat, aligned float32 (``prepare``), 0 < k < x.size.  Radix select
+    ``x``: flat, aligned float32 (``prepare``), 0 < k < x.size.  ``add``
+    (the same, or None): x += add first, fused into the first pass.  Radix select
     of the k-th key (two full reads of x, one host read of three words; see
     :func:`radix` for ``noread_max``), then one ordered select over the
     candidates that takes every key above it and the first ``need`` equal to
@@ -142,8 +148,10 @@ def topk_select(x, k: int, *, small_max: int = TOPK_SMALL_MAX,
     tests and benchmarks (the results are the same).
     """
     if x.size <= small_max:
+        if add is not None:
+            add_into(x, add)
         return _topk_small(x, k)
-    _, st, src, m, gather = radix(x, k, noread_max)
+    _, st, src, m, gather = radix(x, k, noread_max, add)
     out_idx, out_val = cp.empty(k, np.int32), cp.empty(k, np.float32)
     lookback_select("sel_topk8" if gather is not None else "sel_topkx8", src, gather, m,
                     0, 0, 0, st + 16, k, out_idx, out_val, read_total=False)

@@ -17,6 +17,7 @@ import statistics
 
 import numpy as np
 
+from ._sparse import add_into, fused_add
 from ._xp import array_module, fast_float32, index_dtype, weak_threshold
 
 
@@ -166,11 +167,18 @@ def _threshold_select_xp(x, threshold, work=None):
     return idx, x.reshape(-1)[idx]
 
 
-def topk_select(x, k: int, *, work=None):
+def topk_select(x, k: int, *, work=None, add=None):
     """COO of the exact top-k by magnitude: (indices sorted, values).
-    ``work``: scratch for the temporaries (numpy; see :func:`_workspace`)."""
+    ``work``: scratch for the temporaries (numpy; see :func:`_workspace`).
+    ``add``: first ``x += add`` in place (error feedback's sum); on the GPU
+    in the selection's first pass over x (one read of x less)."""
     n = x.size
     _check_k(k, n)
+    if add is not None:
+        cu = fused_add(x, add) if 0 < k < n else None
+        if cu is not None and fast_float32(x) is not None:
+            return cu.topk_select(x.reshape(-1), k, add=add.reshape(-1))
+        add_into(x, add)
     if 0 < k < n:
         cu = fast_float32(x)
         if cu is not None:

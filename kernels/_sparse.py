@@ -117,14 +117,31 @@ def zero_at(dense, indices):
 
 def add_into(acc, x):
     """acc += x, in place (error feedback); one vectorized pass on the GPU."""
-    cu = cuda_kernels(acc)
-    if (cu is not None and acc.dtype == np.float32 and x.dtype == np.float32
-            and acc.flags.c_contiguous and x.flags.c_contiguous and acc.size == x.size
-            and type(x) is type(acc) and acc.data.ptr % 16 == 0 and x.data.ptr % 16 == 0):
+    cu = fused_add(acc, x)
+    if cu is not None:
         cu.add_into(acc, x)
         return acc
     acc += x
     return acc
+
+
+def _in_place(a):
+    """``kernels._cuda`` when its kernels can read and write ``a`` where it
+    lies (a float32 cupy array, C-contiguous, 16-byte aligned), else None."""
+    cu = cuda_kernels(a)
+    if cu is not None and a.dtype == np.float32 and a.flags.c_contiguous \
+            and a.data.ptr % 16 == 0:
+        return cu
+    return None
+
+
+def fused_add(acc, x):
+    """``kernels._cuda`` when its kernels can add ``x`` into ``acc`` in place
+    (both ``_in_place``, the same size), else None."""
+    cu = _in_place(acc)
+    if cu is not None and type(x) is type(acc) and x.size == acc.size and _in_place(x):
+        return cu
+    return None
 
 
 def to_dense(indices, values, n: int, dtype=None):

@@ -472,6 +472,34 @@ def test_add_into_and_zero_at_match_numpy_bitwise(cp, n):
     assert np.array_equal(host(ag).view(np.uint32), acc.view(np.uint32)), (n, SEED)
 
 
+@pytest.mark.parametrize("n", [1, 4097, 8193, 100_003, 300_007, (1 << 20) + 3])
+@pytest.mark.parametrize("dist", ["gaussian", "ties", "zeros"])
+def test_topk_with_add_matches_add_then_topk(cp, dist, n):
+    """Error feedback's sum fused into the selection's first pass (``add=``):
+    the sum left in x and the selection equal add_into then topk_select,
+    bitwise, on every path (radix with and without the host read, one block,
+    stream-ordered); an unaligned ``add`` takes the unfused path, same result."""
+    rng = rng_for("topk_add", dist, n)
+    acc, x = data(dist, n, rng), data("gaussian", n, rng)
+    for k in ks_for(n):
+        if not 0 < k < n:
+            continue
+        ref_acc = acc + x
+        ref = kernels.topk_select(ref_acc, k)
+        for xg in (cp.asarray(x), cp.asarray(np.concatenate([[0], x]).astype(np.float32))[1:]):
+            for ordered in (False, True):
+                ag = cp.asarray(acc)
+                if ordered:
+                    with kernels.stream_ordered():
+                        got = kernels.topk_select(ag, k, add=xg)
+                else:
+                    got = kernels.topk_select(ag, k, add=xg)
+                what = f"topk_select add= ordered={ordered} {dist} n={n} k={k}"
+                assert_same(got, ref, what)
+                assert np.array_equal(host(ag).view(np.uint32), ref_acc.view(np.uint32)), \
+                    (what, SEED)
+
+
 def test_to_dense_and_split_on_gpu(cp):
     rng = rng_for("dense")
     i = np.sort(rng.choice(1000, 100, replace=False)).astype(np.int32)

@@ -126,6 +126,14 @@ def test_scatter_add_repeats_and_to_dense():
     assert kernels.to_dense(np.array([0, 2], np.int32), np.array([5, 6], np.float32), 4).tolist() == [5, 0, 6, 0]
 
 
+def test_topk_select_with_add_equals_add_then_select():
+    acc, x = RNG.standard_normal(1000).astype(np.float32), RNG.standard_normal(1000).astype(np.float32)
+    ref_acc = acc + x
+    ri, rv = kernels.topk_select(ref_acc, 17)
+    gi, gv = kernels.topk_select(acc, 17, add=x)
+    assert np.array_equal(acc, ref_acc) and np.array_equal(gi, ri) and np.array_equal(gv, rv)
+
+
 @pytest.mark.parametrize("n,parts", [(10, 3), (2, 5), (1, 1), (1 << 20, 7)])
 def test_region_bounds_and_split(n, parts):
     b = kernels.region_bounds(n, parts)

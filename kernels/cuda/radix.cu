@@ -40,10 +40,14 @@ __device__ __forceinline__ int warp_kth_bin(const u32* hist, const int nb, const
 // Histogram of the digit (key >> shift) & (2^nbits - 1) over the keys whose bits
 // above shift + nbits equal the prefix found so far.  `copies` (1 or 4) private
 // histograms per block, picked by lane & (copies - 1), cut the serialisation of
-// lanes that hit the same bin in one instruction.
-extern "C" __global__ void __launch_bounds__(512)
-tk_hist(const u32* __restrict__ src, const i64 m, const u32* __restrict__ st,
-        u32* __restrict__ hist, const int shift, const int nbits, const int copies)
+// lanes that hit the same bin in one instruction.  ADD (tk_hist_add, pass 1
+// only): the keys are those of src + add, and the sums are stored back into src
+// (error feedback's acc += x fused into the first pass: one read of src less).
+template <bool ADD>
+__device__ __forceinline__ void hist_body(u32* __restrict__ src, const u32* __restrict__ add,
+                                          const i64 m, const u32* __restrict__ st,
+                                          u32* __restrict__ hist, const int shift,
+                                          const int nbits, const int copies)
 {
     extern __shared__ u32 sh[];
     const int nb = 1 << nbits;
@@ -53,14 +57,30 @@ tk_hist(const u32* __restrict__ src, const i64 m, const u32* __restrict__ st,
     const u32 want = st[S_PREFIX] >> hs;
     const u32 bmask = (u32)nb - 1u;
     u32* myh = sh + ((threadIdx.x & (copies - 1)) << nbits);
-    const uint4* s4 = reinterpret_cast<const uint4*>(src);
+    uint4* s4 = reinterpret_cast<uint4*>(src);
+    const uint4* a4 = reinterpret_cast<const uint4*>(add);
     const i64 m4 = m >> 2;
     const i64 stride = (i64)gridDim.x * blockDim.x;
     for (i64 q = (i64)blockIdx.x * blockDim.x + threadIdx.x; q < m4; q += 2 * stride) {
-        const uint4 u0 = __ldg(s4 + q);
         const bool ok1 = q + stride < m4;
-        uint4 u1 = make_uint4(0u, 0u, 0u, 0u);
-        if (ok1) u1 = __ldg(s4 + q + stride);
+        uint4 u0, u1 = make_uint4(0u, 0u, 0u, 0u);
+        if (ADD) {
+            float4 f0 = *reinterpret_cast<const float4*>(s4 + q);
+            const float4 g0 = __ldg(reinterpret_cast<const float4*>(a4 + q));
+            f0.x += g0.x; f0.y += g0.y; f0.z += g0.z; f0.w += g0.w;
+            *reinterpret_cast<float4*>(s4 + q) = f0;
+            u0 = *reinterpret_cast<const uint4*>(&f0);
+            if (ok1) {
+                float4 f1 = *reinterpret_cast<const float4*>(s4 + q + stride);
+                const float4 g1 = __ldg(reinterpret_cast<const float4*>(a4 + q + stride));
+                f1.x += g1.x; f1.y += g1.y; f1.z += g1.z; f1.w += g1.w;
+                *reinterpret_cast<float4*>(s4 + q + stride) = f1;
+                u1 = *reinterpret_cast<const uint4*>(&f1);
+            }
+        } else {
+            u0 = __ldg(s4 + q);
+            if (ok1) u1 = __ldg(s4 + q + stride);
+        }
         const u32 k0[4] = {u0.x & KEY_MASK, u0.y & KEY_MASK, u0.z & KEY_MASK, u0.w & KEY_MASK};
 #pragma unroll
         for (int c = 0; c < 4; ++c)
@@ -73,7 +93,13 @@ tk_hist(const u32* __restrict__ src, const i64 m, const u32* __restrict__ st,
         }
     }
     if (blockIdx.x == 0 && (i64)threadIdx.x < (m & 3)) {     // the last m % 4 keys
-        const u32 kk = src[m4 * 4 + threadIdx.x] & KEY_MASK;
+        const i64 i = m4 * 4 + threadIdx.x;
+        u32 w = src[i];
+        if (ADD) {
+            const float f = __uint_as_float(w) + __uint_as_float(add[i]);
+            src[i] = w = __float_as_uint(f);
+        }
+        const u32 kk = w & KEY_MASK;
         if ((kk >> hs) == want) atomicAdd(&myh[(kk >> shift) & bmask], 1u);
     }
     __syncthreads();
@@ -82,6 +108,21 @@ tk_hist(const u32* __restrict__ src, const i64 m, const u32* __restrict__ st,
         for (int r = 0; r < copies; ++r) c += sh[(r << nbits) + i];
         if (c) atomicAdd(&hist[i], c);
     }
+}
+
+extern "C" __global__ void __launch_bounds__(512)
+tk_hist(const u32* __restrict__ src, const i64 m, const u32* __restrict__ st,
+        u32* __restrict__ hist, const int shift, const int nbits, const int copies)
+{
+    hist_body<false>(const_cast<u32*>(src), nullptr, m, st, hist, shift, nbits, copies);
+}
+
+extern "C" __global__ void __launch_bounds__(512)
+tk_hist_add(u32* __restrict__ src, const u32* __restrict__ add, const i64 m,
+            const u32* __restrict__ st, u32* __restrict__ hist, const int shift,
+            const int nbits, const int copies)
+{
+    hist_body<true>(src, add, m, st, hist, shift, nbits, copies);
 }
 
 // One warp: find the bin holding the k-th largest key, scanning from the top,
