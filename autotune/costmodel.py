@@ -47,7 +47,17 @@ counts better (:data:`LAWS`): ``cores`` (copies made by the cores the ranks
 share: the contention factor above; for a message while only some ranks
 send, such as the fold of Rabenseifner's extra ranks, that of the senders) or
 ``link`` (one shared link: beta x the bytes all ranks put on it,
-:func:`autotune.profile.concurrency`).  :func:`cross_validate`
+:func:`autotune.profile.concurrency`).
+
+Runs at one P only (a profile launched with P = 2) cannot show how anything
+grows with P, so the growth comes from the model's structure alone: the
+bandwidth law from the profile's network label (shared memory, ``shm``:
+``cores``; a network the host's ranks share, such as a shaped loopback:
+``link``; the choice every CPU profile with runs at several P made), and, on
+a host whose ranks share cores, the fixed cost per call is priced per peer,
+``o1 (P-1)`` with o0 = 0 (the form every such profile's runs at several P
+fitted: there a rank's fixed work competes with that of the other P-1 ranks),
+where it would otherwise be a constant o0 that no process count changes.  :func:`cross_validate`
 gives each algorithm's held-out error: in range (one size left out) and per
 octave of P beyond the runs (one process count left out), the selector's
 error bars.
@@ -56,6 +66,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
+from functools import partial
 
 import math
 
@@ -175,6 +186,10 @@ class Machine:
             stream=prof.compute("stream") if prof.compute_device == "gpu" else None,
             label=f"{prof.device}/{prof.network}",
             contention=((int(cores), prof.P) if single_cpu_host and cores else None),
+            # the law until runs at several P choose one (fit_terms): shared memory's
+            # copies are made by the cores; any other network of one host is a link
+            law=("link" if single_cpu_host and cores and prof.network not in ("shm", "?")
+                 else "cores"),
         )
         runs = prof.runs
         return fit_terms(bare, runs) if runs else bare
@@ -286,26 +301,45 @@ def _design(machine: Machine, runs) -> dict:
     return out
 
 
-def _fit(X: np.ndarray, t: np.ndarray, Ps) -> np.ndarray:
+def _fixed_columns(Ps, per_peer: bool) -> list[int]:
+    """The fixed cost's columns of the design (3: o0, 4: o1): both with runs at
+    several P; with runs at one P, which cannot tell them apart, o1 where the
+    fixed cost is priced per peer (``per_peer``, a shared host), else o0."""
+    return [3, 4] if len(set(Ps)) > 1 else [4 if per_peer else 3]
+
+
+def _fit(X: np.ndarray, t: np.ndarray, Ps, *, per_peer: bool = False) -> np.ndarray:
     """Non-negative (w_lat, w_bw, w_cmp, o0, o1) minimising the runs' relative
-    errors plus ``_PRIOR`` (w - 1) per weight; o1 = 0 with runs at one P only."""
+    errors plus ``_PRIOR`` (w - 1) per weight; with runs at one P only one of
+    o0, o1 (:func:`_fixed_columns`)."""
     from scipy.optimize import nnls  # what sklearn's positive LinearRegression runs, minus its checks
 
-    cols = 5 if len(set(Ps)) > 1 else 4
-    A = np.vstack([X[:, :cols] / t[:, None], _PRIOR * np.eye(3, cols)])
+    cols = [0, 1, 2, *_fixed_columns(Ps, per_peer)]
+    A = np.vstack([X[:, cols] / t[:, None], _PRIOR * np.eye(3, len(cols))])
     y = np.concatenate([np.ones(len(t)), np.full(3, _PRIOR)])
-    return np.concatenate([nnls(A, y)[0], np.zeros(5 - cols)])
+    out = np.zeros(5)
+    out[cols] = nnls(A, y)[0]
+    return out
 
 
-def _fit_table(X: np.ndarray, t: np.ndarray, Ps) -> np.ndarray:
+def _fit_table(X: np.ndarray, t: np.ndarray, Ps, *, per_peer: bool = False) -> np.ndarray:
     """Table 1's weights as they stand (1, 1, 1) and the non-negative fixed cost
-    (o0, o1) that best fits the rest, by relative error."""
+    (o0, o1; :func:`_fixed_columns`) that best fits the rest, by relative error."""
     from scipy.optimize import nnls
 
-    cols = 2 if len(set(Ps)) > 1 else 1
+    cols = _fixed_columns(Ps, per_peer)
     rest = t - X[:, :3].sum(axis=1)
-    o = nnls(X[:, 3:3 + cols] / t[:, None], rest / t)[0]
-    return np.concatenate([np.ones(3), o, np.zeros(2 - cols)])
+    out = np.concatenate([np.ones(3), np.zeros(2)])
+    out[cols] = nnls(X[:, cols] / t[:, None], rest / t)[0]
+    return out
+
+
+def _fits(machine: Machine) -> tuple:
+    """(free fit, Table 1 fit) as ``machine`` prices the fixed cost: per peer where
+    ranks share one host's cores (``contention``; see the module docstring)."""
+    if machine.contention is None:
+        return _fit, _fit_table
+    return partial(_fit, per_peer=True), partial(_fit_table, per_peer=True)
 
 
 def _log_err(coef, X, t) -> np.ndarray:
@@ -364,16 +398,17 @@ def fit_terms(machine: Machine, runs) -> Machine:
 
             def score(law):
                 errs = [e for X, t, Ps, _ in _design(by_law[law], heavy).values()
-                        for e, _ in _p_folds(X, t, Ps)]
+                        for e, _ in _p_folds(X, t, Ps, _fits(machine)[0])]
                 return float(np.median(errs)) if errs else math.inf
             machine = by_law[min(LAWS, key=lambda law: (score(law), law))]  # with its cache
     weights, over, table1 = {}, {}, set()
+    free, table = _fits(machine)
     for algo, (X, t, Ps, ns) in _design(machine, runs).items():
-        fit = _fit
+        fit = free
         if len(set(Ps)) > 2:  # free weights only where they predict a left-out P better
-            err = {f: np.median([e for e, _ in _p_folds(X, t, Ps, f)]) for f in (_fit, _fit_table)}
-            fit = min((_fit, _fit_table), key=lambda f: err[f])
-        if fit is _fit_table:
+            err = {f: np.median([e for e, _ in _p_folds(X, t, Ps, f)]) for f in (free, table)}
+            fit = min((free, table), key=lambda f: err[f])
+        if fit is table:
             table1.add(algo)
         c = fit(X, t, Ps)
         weights[algo] = tuple(float(v) for v in c[:3])
@@ -389,8 +424,9 @@ def heldout_errors(machine: Machine, runs) -> dict[str, tuple[float, float, int]
     how much more it is with one P left out, per octave from the nearest P kept
     (nan with runs at one P); runs).  exp(e) - 1 is the relative error."""
     out = {}
+    free, table = _fits(machine)
     for algo, (X, t, Ps, ns) in _design(machine, runs).items():
-        fit = _fit_table if algo in machine.table1 else _fit  # the fit fit_terms chose
+        fit = table if algo in machine.table1 else free  # the fit fit_terms chose
         inside, beyond = _size_folds(X, t, Ps, ns, fit), _p_folds(X, t, Ps, fit)
         out[algo] = (float(np.median(inside)) if inside else math.nan,
                      _per_octave(inside, beyond), len(t))

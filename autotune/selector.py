@@ -12,12 +12,19 @@ Every prediction carries an error estimate from cross-validation on the
 profile's runs (``costmodel.heldout_errors``): each algorithm's held-out error
 in range, grown with the distance beyond its runs (per octave of P from the
 process counts left out, per four octaves of n from the sizes left out).
+With runs at one P no process count can be left out: nothing tells one
+algorithm's growth in P apart from another's, and every algorithm's error per
+octave of P is one pooled value, the median of their in-range errors (an
+algorithm's own in-range error measures its fit across sizes, not in P).
 Far outside the runs of the predicted-fastest algorithm (more than
 ``FAR_OCTAVES`` of n or P beyond them) the selector takes the robust choice:
-a reference exact algorithm (dense on a CPU profile, else the exact one with
-the lowest upper error bound, predicted x exp(error)) unless another clearly
-wins (its upper bound below the reference's lower one); ``Decision.explain``
-shows the errors and bounds and says so.
+a reference exact algorithm unless another clearly wins (its upper bound,
+predicted x exp(error), below the reference's lower one).  The reference is
+the exact one with the lowest upper bound, except on a CPU profile far beyond
+the sampled sizes, where it is dense (Rabenseifner): there host MPI's
+allreduce switches to algorithms its model does not know.  Only P far
+beyond the runs, at sampled sizes, gives MPI no such reason.
+``Decision.explain`` shows the errors and bounds and says so.
 """
 from __future__ import annotations
 
@@ -145,6 +152,11 @@ class Selector:
         runs = [r for r in runs if r["algorithm"] in self.algorithms and r.get("median_s", 0) > 0]
         # per algorithm: held-out errors (costmodel.heldout_errors) and the runs' domain
         self.errors = costmodel.heldout_errors(self.machine, runs) if runs else {}
+        if self.errors and not any(math.isfinite(e[1]) for e in self.errors.values()):
+            # runs at one P: one pooled error per octave of P for every algorithm
+            inside = [e[0] for e in self.errors.values() if math.isfinite(e[0])]
+            pooled = float(np.median(inside)) if inside else math.nan
+            self.errors = {a: (e[0], pooled, e[2]) for a, e in self.errors.items()}
         self.domains: dict = {}
         for a in {r["algorithm"] for r in runs}:
             q = np.array([_point(a, r["n"], r["P"], r["density"]) for r in runs
@@ -203,17 +215,17 @@ class Selector:
             return None
         return costmodel.expected_error(e, *self._beyond(algo, n, P))
 
-    def _robust_choice(self, cands, pred, err) -> str:
+    def _robust_choice(self, cands, pred, err, far_n: bool = True) -> str:
         """Far outside the runs: a reference exact algorithm (exact ``dense``,
-        Rabenseifner, on a CPU profile; else the exact one with the lowest upper end of
-        its error band) unless another algorithm's upper end lies below the reference's
-        lower end (clearly wins): the lowest upper end of those that do (of all, without
-        an exact candidate)."""
+        Rabenseifner, on a CPU profile when n is far beyond the runs, ``far_n``; else
+        the exact one with the lowest upper end of its error band) unless another
+        algorithm's upper end lies below the reference's lower end (clearly wins): the
+        lowest upper end of those that do (of all, without an exact candidate)."""
         upper = {a: pred[a] * math.exp(err[a]) for a in cands}
         exact = [a for a in cands if not _lossy(a)]
         if not exact:
             return min(cands, key=lambda a: (upper[a], a))
-        ref = ("dense" if self.host and "dense" in exact
+        ref = ("dense" if self.host and far_n and "dense" in exact
                else min(exact, key=lambda a: (upper[a], a)))
         wins = [a for a in cands if upper[a] < pred[ref] * math.exp(-err[ref])]
         return min(wins, key=lambda a: (upper[a], a)) if wins else ref
@@ -230,10 +242,11 @@ class Selector:
             if e is not None:
                 err[a] = e
         best = min(cands, key=lambda a: (pred[a], a))
+        beyond = self._beyond(best, n, P)
         robust = (self.robust != "none" and len(err) == len(cands)
-                  and max(self._beyond(best, n, P)) > FAR_OCTAVES)
+                  and max(beyond) > FAR_OCTAVES)
         if robust:
-            best = self._robust_choice(cands, pred, err)
+            best = self._robust_choice(cands, pred, err, far_n=beyond[0] > FAR_OCTAVES)
         outside = self._outside(n, P, _dens(best, density), best)
         note = "" if self.model is not None else "no learned correction: bare cost model"
         return Decision(best, n, P, density, pred, model, outside == 0.0, note, cands, err,

@@ -101,8 +101,10 @@ class GTopk(SparseAllreduce):
     @staticmethod
     def cost(prices: Prices, n, P, k, *, tau_prime=32, tau=64):
         merge = prices.reduce(2 * k) + prices.topk(2 * k)
-        return (prices.dense_passes(n) + prices.topk(n)
-                + ceil_log2(P) * (prices.t_p2p(2 * k * ITEM) + merge)
+        # round d = 1, 2, 4, ...: the ranks r = d mod 2d send (fewer each round)
+        rounds = sum(prices.t_p2p(2 * k * ITEM, len(range(d, P, 2 * d))) + merge
+                     for d in (1 << j for j in range(ceil_log2(P))))
+        return (prices.dense_passes(n) + prices.topk(n) + rounds
                 + prices.t_bcast(2 * k * ITEM, P) + prices.reduce(k))
 
 

@@ -343,3 +343,97 @@ def test_show_reports_heldout_error_per_algorithm():
     line = next(l for l in text.splitlines() if l.strip().startswith("oktopk ") and "%" in l)
     assert "(P-1)" in line
     assert "no runs to cross-validate" in show_text(Profile.load(PROFILES / "piz_daint.json"))
+
+
+def _one_host(prof, network, P=2, cores=2):
+    """``prof`` as a single-host CPU profile of P ranks on ``cores`` cores."""
+    return {**prof, "fingerprint": {**prof["fingerprint"], "hosts": ["h"], "device": "cpu",
+                                    "cores_per_host": cores, "P": P, "network": network}}
+
+
+def test_runs_at_one_P_price_the_fixed_cost_per_peer_on_a_shared_host(slow):
+    """Runs at P = 2 cannot tell o0 from o1 (P - 1): where ranks share one host's
+    cores the fitted fixed cost is o1 (it grows with P), elsewhere o0 (it does not)."""
+    prof = _one_host(slow, "shm")
+    bare = costmodel.Machine.from_profile({**prof, "runs": []})
+    assert bare.contention == (2, 2)
+
+    def runs(machine):
+        t = lambda a, n: costmodel.predict(machine, a, n, 2) + 3e-4  # noqa: E731
+        return [{"algorithm": a, "n": 1 << e, "P": 2, "density": 0.01, "times_s": [t(a, 1 << e)],
+                 "median_s": t(a, 1 << e)} for a in ("topka", "oktopk") for e in (12, 16, 20)]
+
+    m = costmodel.Machine.from_profile({**prof, "runs": runs(bare)})
+    for a in ("topka", "oktopk"):
+        assert m.overhead[a] == pytest.approx((0.0, 3e-4), rel=1e-3, abs=1e-9)
+        assert costmodel.overhead(m, a, 8) == pytest.approx(7 * 3e-4, rel=1e-3)
+    gpu = {**prof, "fingerprint": {**prof["fingerprint"], "device": "gpu"}, "runs": []}
+    bare_gpu = costmodel.Machine.from_profile(gpu)
+    m_gpu = costmodel.Machine.from_profile({**gpu, "runs": runs(bare_gpu)})
+    assert bare_gpu.contention is None
+    assert m_gpu.overhead["topka"] == pytest.approx((3e-4, 0.0), rel=1e-3, abs=1e-9)
+    # the Table 1 fit alike, and with runs at several P both columns as before
+    X = np.column_stack([np.full(3, 1e-4), np.full(3, 1e-3), np.full(3, 1e-4), np.ones(3),
+                         np.ones(3)])
+    t = X[:, :3].sum(axis=1) + 2e-5
+    Ps = np.full(3, 2)
+    assert np.allclose(costmodel._fit_table(X, t, Ps, per_peer=True)[3:], [0, 2e-5])
+    assert np.allclose(costmodel._fit_table(X, t, Ps)[3:], [2e-5, 0])
+
+
+def test_runs_at_one_P_take_the_law_from_the_network_label(slow):
+    """With no second P to judge the bandwidth law by, a single host's shared memory
+    follows ``cores`` and a named network of the host (a shaped loopback) ``link``;
+    GPUs, several hosts and unlabelled profiles keep ``cores`` (no contention)."""
+    assert costmodel.Machine.from_profile({**_one_host(slow, "shm"), "runs": []}).law == "cores"
+    assert costmodel.Machine.from_profile(
+        {**_one_host(slow, "tcp-1gbit"), "runs": []}).law == "link"
+    assert costmodel.Machine.from_profile({**_one_host(slow, "?"), "runs": []}).law == "cores"
+    two_hosts = _one_host(slow, "tcp-1gbit")
+    two_hosts["fingerprint"]["hosts"] = ["a", "b"]
+    assert costmodel.Machine.from_profile({**two_hosts, "runs": []}).law == "cores"
+
+
+def test_runs_at_one_P_pool_the_error_per_octave_and_robust_reference(slow):
+    """With runs at one P every algorithm's error per octave of P is the median of
+    their in-range errors; the robust choice far beyond the runs keeps dense on a
+    CPU profile only when n is far (host MPI's unknown algorithm switch), else the
+    exact algorithm with the lowest upper bound."""
+    prof = _one_host(slow, "tcp-1gbit")
+    bare = costmodel.Machine.from_profile({**prof, "runs": []})
+    rng = np.random.default_rng(1)
+    runs = []
+    for a in ("dense", "mpi", "oktopk", "topka"):
+        for e in (12, 14, 16, 18, 20):
+            t = costmodel.predict(bare, a, 1 << e, 2) * math.exp(0.2 * rng.standard_normal())
+            runs.append({"algorithm": a, "n": 1 << e, "P": 2, "density": 0.01, "times_s": [t],
+                         "median_s": t})
+    sel = Selector({**prof, "runs": runs}, learn=False)
+    inside = [e[0] for e in sel.errors.values()]
+    assert all(e[1] == pytest.approx(float(np.median(inside))) for e in sel.errors.values())
+    assert len({e[0] for e in sel.errors.values()}) > 1  # the in-range errors stay apart
+    pred, err = {"dense": 1.0, "mpi": 0.9}, {"dense": 0.2, "mpi": 0.1}
+    assert sel._robust_choice(["dense", "mpi"], pred, err, far_n=True) == "dense"
+    assert sel._robust_choice(["dense", "mpi"], pred, err, far_n=False) == "mpi"
+    d = sel.choose(1 << 16, 16, 0.01, candidates=["dense", "mpi"])  # only P is far
+    assert d.robust and d.algorithm == min(d.predicted_s, key=d.upper_s)
+
+
+@pytest.mark.parametrize("P,senders", [(2, [1]), (6, [3, 1, 1]), (8, [4, 2, 1]), (5, [2, 1, 1])])
+def test_gtopk_prices_each_tree_round_with_its_senders(P, senders):
+    """gTopk's round d: only the ranks r = d mod 2d send, so each round's message
+    is priced with that many active senders (a shared link or cores carry fewer)."""
+    from collectives import ALGORITHMS
+
+    seen = []
+
+    class Prices:
+        def t_p2p(self, m, active=None):
+            seen.append(active)
+            return 0.0
+
+        def __getattr__(self, name):
+            return lambda *a, **k: 0.0
+
+    ALGORITHMS["gtopk"].cost(Prices(), 1 << 20, P, 1 << 10)
+    assert seen == senders
