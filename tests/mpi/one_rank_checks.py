@@ -384,6 +384,8 @@ def main(argv=None) -> int:
     ap.add_argument("--array", choices=("numpy", "cupy"), default="numpy",
                     help="cupy: the call cases on device arrays, the library on NCCL")
     args = ap.parse_args(argv)
+    if P < 2:
+        ap.error(f"needs P >= 2 ranks (one bad rank among good ones), got P = {P}")
     DEVICE = args.array == "cupy"
     seed = args.seed if args.seed is not None else \
         int(np.random.SeedSequence().entropy % (1 << 31))
