@@ -345,7 +345,7 @@ class OkTopk(SparseAllreduce):
         with comm.phase("reduce"):
             parts_i = [split.own_i if s == rank else recv_i[s] for s in range(P)]
             parts_v = [split.own_v if s == rank else recv_v[s] for s in range(P)]
-            return kernels.coo_sum(parts_i, parts_v, acc.size, sorted_parts=True)
+            return kernels.coo_sum(parts_i, parts_v, acc.size)
 
     def _select_global(self, red_i, red_v, st, refresh: bool):
         """Step 4: the global candidates of this rank's region by the global

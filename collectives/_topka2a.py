@@ -87,8 +87,7 @@ class TopKA2A(SparseAllreduce):
         lo, hi = bounds[rank], bounds[rank + 1]
         with comm.phase("reduce"):
             parts = [_unpack_region(b, lo, hi, acc.dtype, idx.dtype, xp) for b in got]
-            ri, rv = kernels.coo_sum([p[0] for p in parts], [p[1] for p in parts], n,
-                                     sorted_parts=True)
+            ri, rv = kernels.coo_sum([p[0] for p in parts], [p[1] for p in parts], n)
             mine = _pack_region(ri, rv, lo, hi, xp)
         with comm.phase("comm:allgather"):
             allb, counts = comm.allgatherv(mine)

@@ -79,7 +79,7 @@ class GTopk(SparseAllreduce):
                 with comm.phase("comm:tree"):
                     ri, rv = _recv_coo(comm, rank + d, 20, idx.dtype, vals.dtype, xp)
                 with comm.phase("reduce"):
-                    idx, vals = kernels.coo_sum([idx, ri], [vals, rv], sorted_parts=True)
+                    idx, vals = kernels.coo_sum([idx, ri], [vals, rv])
                     if idx.size > k:
                         keep = kernels.topk_indices(vals, k)
                         mask = xp.ones(idx.size, dtype=bool)
@@ -163,7 +163,7 @@ class TopkDSA(SparseAllreduce):
                 ridx = (xp.flatnonzero(region) + lo).astype(idx.dtype)
                 mi, mv = ridx, region[ridx - lo]
             else:
-                mi, mv = kernels.coo_sum(list(ri), list(rv), n, sorted_parts=True)
+                mi, mv = kernels.coo_sum(list(ri), list(rv), n)
             mi, mv = _encode_region(mi, mv, lo, hi, xp)
         with comm.phase("comm:allgather"):
             gi, ci = comm.allgatherv(mi)

@@ -17,54 +17,25 @@ def _stable_argsort(xp, a):
     return xp.argsort(a)  # cupy's argsort is always stable (thrust stable_sort_by_key)
 
 
-def _merged(xp, parts_i, parts_v):
-    """The concatenated COO sets in the order a stable sort by index gives,
-    from sets each strictly increasing: entry i of set r goes to i plus, per
-    other set s, the number of its indices below (s after r) or up to (s
-    before r) its own -- one binary search per set and entry, no sort."""
-    parts = [(i.reshape(-1), v.reshape(-1)) for i, v in zip(parts_i, parts_v) if i.size]
-    if len(parts) <= 1:
-        return parts[0] if parts else (parts_i[0].reshape(-1), parts_v[0].reshape(-1))
-    itype = np.result_type(*[i.dtype for i, _ in parts])
-    vtype = np.result_type(*[v.dtype for _, v in parts])
-    total = sum(int(i.size) for i, _ in parts)
-    sidx, sval = xp.empty(total, dtype=itype), xp.empty(total, dtype=vtype)
-    for r, (ir, vr) in enumerate(parts):
-        pos = xp.arange(ir.size, dtype=np.int64)
-        for s, (is_, _) in enumerate(parts):
-            if s != r:
-                pos += xp.searchsorted(is_, ir, side="right" if s < r else "left")
-        sidx[pos] = ir
-        sval[pos] = vr
-    return sidx, sval
-
-
-def _runs(xp, idx, val, *, in_order: bool = False):
-    """Sort a COO set by index (stably; ``in_order``: it is already) into runs
-    of equal indices: (the distinct indices, the values in sorted order, the
-    start of each run)."""
-    if in_order:
-        sidx, sval = idx, val
-    else:
-        order = _stable_argsort(xp, idx)
-        sidx, sval = idx[order], val[order]
+def _runs(xp, idx, val):
+    """Sort a COO set by index (stably) into runs of equal indices: (the
+    distinct indices, the values in sorted order, the start of each run)."""
+    order = _stable_argsort(xp, idx)
+    sidx = idx[order]
     new = xp.empty(sidx.size, dtype=bool)
     new[0] = True
     xp.not_equal(sidx[1:], sidx[:-1], out=new[1:])
     starts = xp.flatnonzero(new)
-    return sidx[starts], sval, starts
+    return sidx[starts], val[order], starts
 
 
-def coo_sum(indices, values, n: int | None = None, *, sorted_parts: bool = False):
+def coo_sum(indices, values, n: int | None = None):
     """Merge several COO sets (or one concatenated set with repeats) into one.
 
     Args:
         indices: one index array, or a sequence of them.
         values: the matching value array(s).
         n: size of the index space (only used for the index dtype).
-        sorted_parts: every set's indices are strictly increasing (a
-            selection's): the sets are merged by binary searches instead of
-            sorted (the same order, so the same bits).
 
     Returns:
         (unique sorted indices, summed values).  The entries of one index are
@@ -72,22 +43,18 @@ def coo_sum(indices, values, n: int | None = None, *, sorted_parts: bool = False
         way ``np.add.reduceat`` does it (first + pairwise sum of the rest);
         the GPU path reproduces that order, so both give identical bits.
     """
-    merge = sorted_parts and isinstance(indices, (list, tuple))
     if isinstance(indices, (list, tuple)):
         xp = array_module(values[0]) if len(values) else None
         if xp is None:
             raise ValueError("coo_sum needs at least one COO set")
-        if merge:
-            idx, val = _merged(xp, indices, values)
-        else:
-            idx = xp.concatenate(list(indices)) if len(indices) > 1 else indices[0]
-            val = xp.concatenate(list(values)) if len(values) > 1 else values[0]
+        idx = xp.concatenate(list(indices)) if len(indices) > 1 else indices[0]
+        val = xp.concatenate(list(values)) if len(values) > 1 else values[0]
     else:
         idx, val = indices, values
         xp = array_module(val)
     if idx.size == 0:
         return idx.astype(index_dtype(n or 0), copy=False), val
-    uidx, sval, starts = _runs(xp, idx, val, in_order=merge)
+    uidx, sval, starts = _runs(xp, idx, val)
     if starts.size == sval.size:
         return uidx, sval
     cu = cuda_kernels(sval)

@@ -402,10 +402,6 @@ def test_coo_sum_matches_numpy_bitwise(cp, n, P, m, dup):
     ri, rv = kernels.coo_sum(idx, val, n)
     gi, gv = kernels.coo_sum([cp.asarray(i) for i in idx], [cp.asarray(v) for v in val], n)
     assert_same((gi, gv), (ri, rv), f"coo_sum n={n} P={P} m={m} dup={dup}")
-    if not dup:  # sorted sets merged by binary searches: the same bits
-        si, sv = kernels.coo_sum([cp.asarray(i) for i in idx], [cp.asarray(v) for v in val], n,
-                                 sorted_parts=True)
-        assert_same((si, sv), (ri, rv), f"coo_sum sorted_parts n={n} P={P} m={m}")
     # one concatenated set with repeats, too
     ci, cv = np.concatenate(idx), np.concatenate(val)
     assert_same(kernels.coo_sum(cp.asarray(ci), cp.asarray(cv)), kernels.coo_sum(ci, cv), "coo one set")

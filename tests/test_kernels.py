@@ -114,18 +114,6 @@ def test_coo_sum_matches_dense_sum():
         np.add.at(dense, i, v)
     ui, uv = kernels.coo_sum([s[0] for s in sets], [s[1] for s in sets])
     assert np.all(np.diff(ui) > 0)
-    # the sets are sorted: merged by binary searches instead of sorted, the same bits
-    # (also with an empty set, mixed index dtypes, one set alone)
-    mi, mv = kernels.coo_sum([s[0] for s in sets], [s[1] for s in sets], sorted_parts=True)
-    assert np.array_equal(mi, ui) and np.array_equal(mv.view(np.uint32), uv.view(np.uint32))
-    parts = [sets[0][0].astype(np.int64), sets[1][0][:0], sets[2][0]]
-    vals = [sets[0][1], sets[1][1][:0], sets[2][1]]
-    ref = kernels.coo_sum(parts, vals)
-    got = kernels.coo_sum(parts, vals, sorted_parts=True)
-    assert np.array_equal(got[0], ref[0]) and got[0].dtype == ref[0].dtype
-    assert np.array_equal(got[1].view(np.uint32), ref[1].view(np.uint32))
-    one = kernels.coo_sum([sets[0][0]], [sets[0][1]], sorted_parts=True)
-    assert np.array_equal(one[0], sets[0][0]) and np.array_equal(one[1], sets[0][1])
     got = np.zeros(n, np.float64)
     got[ui] = uv
     np.testing.assert_allclose(got, dense, rtol=1e-5, atol=1e-5)
