@@ -155,18 +155,27 @@ def _global_kth(comm, mags, k: int) -> float:
     ~2*128 (P-1)/P bytes per rank: about 2 KiB per refresh, independent of
     k and n.  Integer counts make the result identical on every rank.
     If fewer than k values exist it returns the smallest (select all);
-    with none at all, 0.0.
+    with none at all, 0.0.  float32 on a GPU: each round's histogram is one
+    kernel over all of ``mags`` that counts only the keys under the prefix
+    found so far (``kernels.key_histogram``), instead of a bincount and a
+    compaction of the survivors (the same counts, so the same result).
     """
     xp = kernels.array_module(mags)
     itype = np.int32 if mags.dtype.itemsize == 4 else np.int64
     nbits = 8 * mags.dtype.itemsize - 1
+    device = kernels.is_device_array(mags) and mags.dtype == np.float32
     cand = mags.view(itype)
     prefix, shift, kk = 0, nbits, None
     while shift > 0:
         s = min(_RADIX_BITS, shift)
         shift -= s
-        digit = (cand >> shift) & ((1 << s) - 1)
-        local = xp.bincount(digit, minlength=1 << s) if digit.size else xp.zeros(1 << s, np.int64)
+        if device:
+            local = (kernels.key_histogram(mags, prefix << (shift + s), shift, s) if mags.size
+                     else np.zeros(1 << s, np.int64))
+        else:
+            digit = (cand >> shift) & ((1 << s) - 1)
+            local = (xp.bincount(digit, minlength=1 << s) if digit.size
+                     else xp.zeros(1 << s, np.int64))
         local = np.ascontiguousarray(
             local.get() if hasattr(local, "get") else local, dtype=np.int64)
         tot = comm.allreduce(local, "sum") if comm.size > 1 else local
@@ -179,7 +188,8 @@ def _global_kth(comm, mags, k: int) -> float:
         d = (1 << s) - 1 - i
         kk -= int(cum[i] - tot[d])             # those strictly above digit d
         prefix = (prefix << s) | d
-        cand = cand[digit == d]
+        if not device:
+            cand = cand[digit == d]
     return float(np.array([prefix], dtype=itype).view(mags.dtype)[0])
 
 

@@ -30,7 +30,7 @@ from ._cuda_checks import flag_nonfinite
 from ._cuda_gauss import count_at_least, count_at_least_many, mean_std
 from ._cuda_select import threshold_select
 from ._cuda_sparse import add_into, scatter_add_sorted, segment_sums, zero_at
-from ._cuda_topk import cap_select, kth_key, kth_magnitude, topk_select
+from ._cuda_topk import cap_select, key_histogram, kth_key, kth_magnitude, topk_select
 
 __all__ = [
     "add_into",
@@ -38,6 +38,7 @@ __all__ = [
     "count_at_least",
     "count_at_least_many",
     "flag_nonfinite",
+    "key_histogram",
     "key_to_float",
     "kth_key",
     "kth_magnitude",

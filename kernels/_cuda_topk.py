@@ -42,6 +42,7 @@ TOPK_SMALL_MAX = 1 << 14
 # the state (S_* in radix.cu: prefix, remaining rank, bin count, _, above_key,
 # tie_key, need, error flag)
 _H1, _H2, _H3, _ST, _RADIX_WORDS = 0, 2048, 3072, 4096, 4112
+S_PREFIX = 0
 
 
 def hist(src, m, st, hist_ptr, shift, nbits, copies, add=None):
@@ -109,6 +110,19 @@ def radix(x, k, noread_max=RADIX_NOREAD_MAX, add=None):
         src, gather, m = x, None, n
     _low_digits(src, m, st, base)
     return ws, st, src, m, gather
+
+
+@on_input_device
+def key_histogram(x, prefix: int, shift: int, nbits: int) -> np.ndarray:
+    """``kernels.key_histogram`` on the device: tk_hist over x with the
+    prefix in its state word, then one read of the 2**nbits (<= 16) bins."""
+    stream = cp.cuda.get_current_stream()
+    ws = workspace(16, stream, "keyhist")        # u32 words: 16 bins, then the state
+    base = ws.buf.data.ptr
+    cp.cuda.runtime.memsetAsync(base, 0, 4 * 24, stream.ptr)
+    ws.buf.view(cp.uint32)[16 + S_PREFIX:17 + S_PREFIX].fill(prefix)
+    hist(x, x.size, base + 4 * 16, base, shift, nbits, 4)
+    return read_back(ws, base, 4 << nbits, stream).view(np.uint32)[:1 << nbits].astype(np.int64)
 
 
 @on_input_device

@@ -187,6 +187,29 @@ def topk_select(x, k: int, *, work=None, add=None):
     return idx, x.reshape(-1)[idx]
 
 
+def key_histogram(x, prefix: int, shift: int, nbits: int) -> np.ndarray:
+    """One round of a radix select on float32 magnitudes: the histogram (host
+    int64, 2**nbits bins) of the digit ``(key >> shift) & (2**nbits - 1)``
+    over the entries of ``x`` whose 31-bit magnitude key (the float's bits,
+    sign cleared) equals ``prefix`` above bit ``shift + nbits``.  On the GPU
+    one kernel over x and one read of the bins (nbits <= 4), no compaction."""
+    if x.dtype != np.float32:
+        raise TypeError(f"key_histogram takes float32, got {x.dtype}")
+    if not (0 < nbits and shift >= 0 and shift + nbits <= 31):
+        raise ValueError(f"bad digit: shift {shift}, nbits {nbits}")
+    cu = fast_float32(x)
+    if cu is not None and nbits <= 4:
+        return cu.key_histogram(cu.prepare(x), int(prefix), int(shift), int(nbits))
+    xp = array_module(x)
+    keys = x.reshape(-1).view(np.uint32) & np.uint32(0x7FFFFFFF)
+    hs = shift + nbits
+    if hs < 31:
+        keys = keys[(keys >> np.uint32(hs)) == np.uint32(int(prefix) >> hs)]
+    digit = (keys >> np.uint32(shift)) & np.uint32((1 << nbits) - 1)
+    counts = xp.bincount(digit.astype(np.int64), minlength=1 << nbits)
+    return np.asarray(counts.get() if hasattr(counts, "get") else counts, dtype=np.int64)
+
+
 def cap_selection(idx, vals, k: int):
     """Keep at most ``k`` entries of a COO set, the largest magnitudes first.
 

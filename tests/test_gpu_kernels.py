@@ -500,6 +500,32 @@ def test_topk_with_add_matches_add_then_topk(cp, dist, n):
                     (what, SEED)
 
 
+@pytest.mark.parametrize("dist", DISTS)
+def test_key_histogram_and_global_kth_match_numpy(cp, dist):
+    """One radix round on the device (``key_histogram``: counts under a prefix, no
+    compaction) equals numpy's; Ok-Topk's exact global threshold built on it
+    gives numpy's value (one rank; the counts are what ranks would sum)."""
+    from collectives._oktopk_plan import _global_kth
+
+    class One:
+        size = 1
+
+    for n in (1, 33, 4097, 300_007):
+        rng = rng_for("keyhist", dist, n)
+        x = data(dist, n, rng)
+        xg = cp.asarray(x)
+        keys = x.view(np.uint32) & 0x7FFFFFFF
+        for shift, nbits in ((27, 4), (19, 4), (0, 3)):
+            prefix = int(keys[n // 2]) & ~((1 << (shift + nbits)) - 1)
+            np.testing.assert_array_equal(kernels.key_histogram(xg, prefix, shift, nbits),
+                                          kernels.key_histogram(x, prefix, shift, nbits),
+                                          err_msg=f"{dist} n={n} shift={shift} ({SEED})")
+        mags = np.abs(x[x != 0])
+        for k in {1, max(1, mags.size // 100), mags.size, mags.size + 5}:
+            assert _global_kth(One(), cp.asarray(mags), k) == _global_kth(One(), mags, k), \
+                (dist, n, k, SEED)
+
+
 def test_to_dense_and_split_on_gpu(cp):
     rng = rng_for("dense")
     i = np.sort(rng.choice(1000, 100, replace=False)).astype(np.int32)

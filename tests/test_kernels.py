@@ -206,3 +206,17 @@ def test_index_coding_round_trips_and_never_grows(dtype):
     assert kernels.encode_indices(apart).size <= 2 * apart.size + 1 + apart.itemsize
     far = np.array([5, 1 << 30], dtype=dtype)           # one huge gap: raw
     assert kernels.encode_indices(far).size == far.nbytes + 1
+
+
+def test_key_histogram_counts_digits_under_a_prefix():
+    x = (RNG.standard_normal(5000) * 10.0 ** RNG.uniform(-3, 3, 5000)).astype(np.float32)
+    x[:7] = -0.0
+    keys = x.view(np.uint32) & 0x7FFFFFFF
+    prefix = int(keys[100]) & ~((1 << 22) - 1)          # bits 30..22 of one entry's key
+    got = kernels.key_histogram(x, prefix, 18, 4)
+    under = keys[(keys >> 22) == (prefix >> 22)]
+    assert got.dtype == np.int64 and got.sum() == under.size > 0
+    assert got.tolist() == np.bincount((under >> 18) & 15, minlength=16).tolist()
+    assert kernels.key_histogram(x, 0, 27, 4).sum() == x.size   # the top digit: every key
+    with pytest.raises(ValueError):
+        kernels.key_histogram(x, 0, 28, 4)
