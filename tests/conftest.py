@@ -3,7 +3,14 @@
 GPU cases (marked ``gpu``, and the GPU-only modules) are collected only where a
 CUDA GPU and cupy are: a CPU machine runs every CPU case and says in the summary
 how many GPU cases it left out.
+
+Cases marked ``quiet`` judge timings: they run while no other case of the run
+does (the suite runs on two xdist workers, whose MPI jobs share the two cores).
+Every case holds a shared lock on one file of the run; a ``quiet`` case holds
+it exclusively.
 """
+import fcntl
+
 import pytest
 
 from support import HAS_GPU, run_mpi
@@ -32,3 +39,15 @@ def pytest_terminal_summary(terminalreporter):
 @pytest.fixture
 def mpirun():
     return run_mpi
+
+
+@pytest.fixture(autouse=True)
+def _quiet_cases_run_alone(request, tmp_path_factory):
+    # the run's base temporary folder (pytest-N, the workers' popen-gwN sit in it;
+    # pytest keeps the last few): one lock file per run, shared by its workers
+    base = tmp_path_factory.getbasetemp()
+    lock = (base.parent if hasattr(request.config, "workerinput") else base) / "quiet.lock"
+    with open(lock, "a") as f:
+        quiet = request.node.get_closest_marker("quiet") is not None
+        fcntl.flock(f, fcntl.LOCK_EX if quiet else fcntl.LOCK_SH)
+        yield
