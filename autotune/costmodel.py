@@ -384,6 +384,7 @@ def fit_terms(machine: Machine, runs) -> Machine:
     profile's runs (module docstring), and, on a single host with runs at several
     P, the bandwidth law (``LAWS``) that predicts a left-out P best."""
     machine = replace(machine, _at={})
+    free, table = _fits(machine)  # the law below leaves ``contention``, hence these, as is
     if machine.contention is not None and len({int(r["P"]) for r in runs}) > 1:
         # the law is judged on the runs whose bandwidth part is at least half the
         # modelled time: elsewhere it changes little (small messages, or within a
@@ -398,11 +399,10 @@ def fit_terms(machine: Machine, runs) -> Machine:
 
             def score(law):
                 errs = [e for X, t, Ps, _ in _design(by_law[law], heavy).values()
-                        for e, _ in _p_folds(X, t, Ps, _fits(machine)[0])]
+                        for e, _ in _p_folds(X, t, Ps, free)]
                 return float(np.median(errs)) if errs else math.inf
             machine = by_law[min(LAWS, key=lambda law: (score(law), law))]  # with its cache
     weights, over, table1 = {}, {}, set()
-    free, table = _fits(machine)
     for algo, (X, t, Ps, ns) in _design(machine, runs).items():
         fit = free
         if len(set(Ps)) > 2:  # free weights only where they predict a left-out P better

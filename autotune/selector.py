@@ -215,7 +215,7 @@ class Selector:
             return None
         return costmodel.expected_error(e, *self._beyond(algo, n, P))
 
-    def _robust_choice(self, cands, pred, err, far_n: bool = True) -> str:
+    def _robust_choice(self, cands, pred, err, *, far_n: bool) -> str:
         """Far outside the runs: a reference exact algorithm (exact ``dense``,
         Rabenseifner, on a CPU profile when n is far beyond the runs, ``far_n``; else
         the exact one with the lowest upper end of its error band) unless another

@@ -164,7 +164,7 @@ def _global_kth(comm, mags, k: int) -> float:
     itype = np.int32 if mags.dtype.itemsize == 4 else np.int64
     nbits = 8 * mags.dtype.itemsize - 1
     device = kernels.is_device_array(mags) and mags.dtype == np.float32
-    cand = mags.view(itype)
+    cand = None if device else mags.view(itype)  # the survivors (host path)
     prefix, shift, kk = 0, nbits, None
     while shift > 0:
         s = min(_RADIX_BITS, shift)

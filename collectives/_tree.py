@@ -101,9 +101,9 @@ class GTopk(SparseAllreduce):
     @staticmethod
     def cost(prices: Prices, n, P, k, *, tau_prime=32, tau=64):
         merge = prices.reduce(2 * k) + prices.topk(2 * k)
-        # round d = 1, 2, 4, ...: the ranks r = d mod 2d send (fewer each round)
-        rounds = sum(prices.t_p2p(2 * k * ITEM, len(range(d, P, 2 * d))) + merge
-                     for d in (1 << j for j in range(ceil_log2(P))))
+        # round j: the ranks r = 2^j mod 2^(j+1) send (fewer each round)
+        rounds = sum(prices.t_p2p(2 * k * ITEM, len(range(1 << j, P, 2 << j))) + merge
+                     for j in range(ceil_log2(P)))
         return (prices.dense_passes(n) + prices.topk(n) + rounds
                 + prices.t_bcast(2 * k * ITEM, P) + prices.reduce(k))
 

@@ -175,9 +175,8 @@ def topk_select(x, k: int, *, work=None, add=None):
     n = x.size
     _check_k(k, n)
     if add is not None:
-        cu = fused_add(x, add) if 0 < k < n else None
-        if cu is not None and fast_float32(x) is not None:
-            return cu.topk_select(x.reshape(-1), k, add=add.reshape(-1))
+        if 0 < k < n and fast_float32(x) is not None and fused_add(x, add) is not None:
+            return fast_float32(x).topk_select(x.reshape(-1), k, add=add.reshape(-1))
         add_into(x, add)
     if 0 < k < n:
         cu = fast_float32(x)
