@@ -16,7 +16,7 @@ would move it, so the verdicts do not depend on this machine's noise:
 And: hardware without a baseline of its own records one instead of failing
 (or fails with --require-baseline) and shows the other hardware's baseline for
 information; a baseline that lacks a benchmark of the run fails.  The real
-verdict on real timings (a 30% slowdown) is ``test_bench_gate.py``.
+verdict on real timings (a deliberate slowdown) is ``test_bench_gate.py``.
 """
 from __future__ import annotations
 
