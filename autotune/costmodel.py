@@ -45,7 +45,8 @@ fixed cost (``_fit_table``).  Where ranks share one host, the bandwidth part
 follows one of two laws, whichever predicts the profile's held-out process
 counts better (:data:`LAWS`): ``cores`` (copies made by the cores the ranks
 share: the contention factor above; for a message while only some ranks
-send, such as the fold of Rabenseifner's extra ranks, that of the senders) or
+send, such as the fold of Rabenseifner's extra ranks, that of the senders,
+and likewise for elementwise work only some ranks do) or
 ``link`` (one shared link: beta x the bytes all ranks put on it,
 :func:`autotune.profile.concurrency`).
 
@@ -229,16 +230,23 @@ class Machine:
     def t_bcast(self, m: float, P: int) -> float:
         return model_time("bcast", *self.bcast.at(m), m, P)
 
-    def dense_passes(self, n: float, streams: int = _EF_STREAMS) -> float:
+    def dense_passes(self, n: float, streams: int = _EF_STREAMS,
+                     active: int | None = None) -> float:
         """Elementwise work over n elements: ``streams`` full reads or writes,
         each costed at a third of a GPU profile's measured ``stream`` kernel
         (acc = r + x: two reads and a write).  CPU profiles, and GPU profiles
         made before that kernel was measured, cost each stream at the
         threshold scan's per-element rate (one read and a compare), which
-        overstates it on a GPU, where the scan also compacts."""
+        overstates it on a GPU, where the scan also compacts.  With ``active``
+        ranks doing the work while the others wait (Rabenseifner's fold), on a
+        host whose cores the ranks share, it runs at those ranks' share of the
+        cores, as ``t_p2p`` prices their messages."""
+        share = 1.0
+        if active is not None and self.ranks and self.cores:
+            share = max(1.0, active / self.cores) / max(1.0, self.ranks / self.cores)
         if self.stream is not None:  # measured: acc = r + x, 3 streams per element
-            return streams / 3 * self.stream.c1 * max(n, 0.0)
-        return streams * self.threshold.c1 * max(n, 0.0)
+            return share * streams / 3 * self.stream.c1 * max(n, 0.0)
+        return share * streams * self.threshold.c1 * max(n, 0.0)
 
 
 def _k(n: int, density: float) -> int:

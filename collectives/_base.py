@@ -118,9 +118,11 @@ class Prices(Protocol):
     def t_bcast(self, m: float, P: int) -> float:
         """Broadcast of m bytes."""
 
-    def dense_passes(self, n: float, streams: int = 4) -> float:
+    def dense_passes(self, n: float, streams: int = 4, active: int | None = None) -> float:
         """``streams`` full reads or writes of n elements (default 4: the
-        error-feedback sum acc = r + x and the dense output)."""
+        error-feedback sum acc = r + x and the dense output) while ``active``
+        ranks do such work (None: all of them); where ranks share cores, fewer
+        get more of them."""
 
     def topk(self, n: float) -> float:
         """Exact top-k selection over n elements."""

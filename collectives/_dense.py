@@ -126,10 +126,11 @@ class Dense(Algorithm):
         # among the p2 ranks of the power of two
         t = 2 * sum(prices.t_p2p(n * ITEM / (1 << s), p2) for s in range(1, lg + 1))
         # elementwise sums of the reduce-scatter: a + b -> a, 3 streams per element
-        # (not prices.reduce, the sparse COO merge: sort-based, ~10x dearer per entry)
-        t += prices.dense_passes(n * (p2 - 1) / p2, 3)
+        # (not prices.reduce, the sparse COO merge: sort-based, ~10x dearer per entry),
+        # made by the p2 ranks while the extra ones wait
+        t += prices.dense_passes(n * (p2 - 1) / p2, 3, p2)
         if P != p2:  # the P - p2 extra ranks fold in, then get the result: one way each
-            t += 2 * prices.t_p2p(n * ITEM, P - p2) + prices.dense_passes(n, 3)
+            t += 2 * prices.t_p2p(n * ITEM, P - p2) + prices.dense_passes(n, 3, P - p2)
         return t
 
 

@@ -199,6 +199,12 @@ def test_contention_scales_compute_and_shared_memory_primitives(slow):
     full, two = m6.t_p2p(1 << 24), m6.t_p2p(1 << 24, active=2)
     assert two < full and m6.t_p2p(1 << 24, active=6) == pytest.approx(full)
     assert two - m6.p2p.at(1 << 24)[0] == pytest.approx((full - m6.p2p.at(1 << 24)[0]) / 3)
+    # and elementwise work only some ranks do (its reduce-scatter among the 4 of 6, the
+    # fold's sums by 2): 2 and 1 ranks per core instead of 3
+    assert m6.dense_passes(n := 1 << 20, 3, 4) == pytest.approx(m6.dense_passes(n, 3) * 2 / 3)
+    assert m6.dense_passes(n, 3, 2) == pytest.approx(m6.dense_passes(n, 3) / 3)
+    assert m6.dense_passes(n, 3, 6) == pytest.approx(m6.dense_passes(n, 3))
+    assert m.at(3).dense_passes(n, 3, 2) == pytest.approx(m2.dense_passes(n, 3))
     # the model uses it: a compute-bound term at P = 8 grows 4x
     n = 1 << 22
     assert costmodel._terms(m, "topka", n, 8, 0.01) > costmodel._terms(m, "topka", n, 2, 0.01)
