@@ -19,7 +19,11 @@ algorithm's own in-range error measures its fit across sizes, not in P).
 Far outside the runs of the predicted-fastest algorithm (more than
 ``FAR_OCTAVES`` of n or P beyond them) the selector takes the robust choice:
 a reference exact algorithm unless another clearly wins (its upper bound,
-predicted x exp(error), below the reference's lower one).  The reference is
+predicted x exp(error), below the reference's lower one).  Where only P lies
+far (n within the runs), a win is judged on the error's growth in P alone
+(per octave of P times the octaves): the in-range error measures a fit across
+sizes, and with it added a sparse algorithm predicted 9x faster than dense
+over a slow link could not win (regret 13-16, BENCHMARKS "Selector regret").  The reference is
 the exact one with the lowest upper bound, except on a CPU profile far beyond
 the sampled sizes, where it is dense (Rabenseifner): there host MPI's
 allreduce switches to algorithms its model does not know.  Only P far
@@ -77,7 +81,8 @@ class Decision:
             fastest = min(self.predicted_s, key=lambda a: (self.predicted_s[a], a))
             lines.append(f"robust choice: far beyond the runs of {fastest} (predicted fastest), "
                          f"the reference exact algorithm unless another's upper bound is "
-                         f"below its lower one")
+                         f"below its lower one (where only P is far: bounds from the error's "
+                         f"growth in P)")
         if self.note:
             lines.append(self.note)
         return "\n".join(lines)
@@ -215,20 +220,31 @@ class Selector:
             return None
         return costmodel.expected_error(e, *self._beyond(algo, n, P))
 
-    def _robust_choice(self, cands, pred, err, *, far_n: bool) -> str:
+    def _robust_choice(self, cands, pred, err, *, far_n: bool, band=None) -> str:
         """Far outside the runs: a reference exact algorithm (exact ``dense``,
         Rabenseifner, on a CPU profile when n is far beyond the runs, ``far_n``; else
         the exact one with the lowest upper end of its error band) unless another
-        algorithm's upper end lies below the reference's lower end (clearly wins): the
-        lowest upper end of those that do (of all, without an exact candidate)."""
+        algorithm clearly wins: its prediction x exp(``band``) lies below the
+        reference's prediction x exp(-``band``); the lowest such of those that do (of
+        all, by upper end, without an exact candidate).  ``band``: per algorithm, the
+        log error a win is judged with (default ``err``; ``choose`` passes the error's
+        growth in P where only P is far)."""
         upper = {a: pred[a] * math.exp(err[a]) for a in cands}
         exact = [a for a in cands if not _lossy(a)]
         if not exact:
             return min(cands, key=lambda a: (upper[a], a))
         ref = ("dense" if self.host and far_n and "dense" in exact
                else min(exact, key=lambda a: (upper[a], a)))
-        wins = [a for a in cands if upper[a] < pred[ref] * math.exp(-err[ref])]
-        return min(wins, key=lambda a: (upper[a], a)) if wins else ref
+        band = err if band is None else band
+        high = {a: pred[a] * math.exp(band[a]) for a in cands}
+        wins = [a for a in cands if high[a] < pred[ref] * math.exp(-band[ref])]
+        return min(wins, key=lambda a: (high[a], a)) if wins else ref
+
+    def _growth(self, algo: str, n: int, P: int) -> float:
+        """The part of the prediction's error that comes from P beyond the runs: the
+        error per octave of P (the in-range one where it is unknown) x the octaves."""
+        inside, octave = self.errors[algo][:2]
+        return (octave if math.isfinite(octave) else inside) * self._beyond(algo, n, P)[1]
 
     def choose(self, n: int, P: int, density: float = 0.01, *, lossy_ok: bool = True,
                candidates=None) -> Decision:
@@ -246,7 +262,9 @@ class Selector:
         robust = (self.robust != "none" and len(err) == len(cands)
                   and max(beyond) > FAR_OCTAVES)
         if robust:
-            best = self._robust_choice(cands, pred, err, far_n=beyond[0] > FAR_OCTAVES)
+            far_n = beyond[0] > FAR_OCTAVES
+            band = None if far_n else {a: self._growth(a, n, P) for a in cands}
+            best = self._robust_choice(cands, pred, err, far_n=far_n, band=band)
         outside = self._outside(n, P, _dens(best, density), best)
         note = "" if self.model is not None else "no learned correction: bare cost model"
         return Decision(best, n, P, density, pred, model, outside == 0.0, note, cands, err,
