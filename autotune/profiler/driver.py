@@ -27,11 +27,11 @@ PLANS = {
     "tiny": dict(
         log2_bytes=list(range(2, 17, 2)), prim_warmup=1, prim_repeat=3, prim_budget_s=0.05,
         algo_log2n=[10], densities=[0.01], algo_warmup=2, algo_repeat=2, algo_budget_s=0.1,
-        compute_log2n=[10, 12, 14], compute_repeat=3, xi_steps=6, xi_every=2,
+        compute_log2n=[10, 14, 18], compute_repeat=3, xi_steps=6, xi_every=2,
         xi_densities=[0.01, 0.1]),
     "quick": dict(
         log2_bytes=list(range(2, 23)), prim_warmup=2, prim_repeat=15, prim_budget_s=0.3,
-        algo_log2n=[12, 16, 20], densities=[0.01], algo_warmup=3, algo_repeat=5,
+        algo_log2n=[12, 14, 16, 18, 20], densities=[0.01], algo_warmup=3, algo_repeat=5,
         algo_budget_s=0.3, odd_process_counts=True, compute_log2n=[12, 14, 16, 18, 20],
         compute_repeat=5, xi_steps=40, xi_every=4, xi_densities=[0.001, 0.01, 0.05, 0.1]),
     "full": dict(
