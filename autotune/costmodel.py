@@ -58,8 +58,8 @@ bandwidth law from the profile's network label (shared memory, ``shm``:
 a host whose ranks share cores, the fixed cost per call is priced per peer,
 ``o1 (P-1)`` with o0 = 0 (the form every such profile's runs at several P
 fitted: there a rank's fixed work competes with that of the other P-1 ranks),
-where it would otherwise be a constant o0 that no process count changes.  :func:`cross_validate`
-gives each algorithm's held-out error: in range (one size left out) and per
+where it would otherwise be a constant o0 that no process count changes.
+:func:`cross_validate` gives each algorithm's held-out error: in range (one size left out) and per
 octave of P beyond the runs (one process count left out), the selector's
 error bars.
 """
@@ -80,6 +80,12 @@ from .profile import Linear, Link, Profile, concurrency, model_time
 # Every sparse algorithm also streams the dense vector: the error-feedback sum
 # acc = residual + x (2 reads, 1 write) and the dense output it returns (1 write).
 _EF_STREAMS = 4
+
+
+def _per_core(ranks: float, cores: int) -> float:
+    """How many of ``ranks`` busy ranks share each of ``cores`` cores (at least 1):
+    the slowdown of work they all do at once on one host."""
+    return max(1.0, ranks / cores)
 
 
 @dataclass(frozen=True)
@@ -117,8 +123,8 @@ class Machine:
         P = int(P)
         if P not in self._at:
             cores, P0 = self.contention
-            f = max(1.0, P / cores)
-            g = f / max(1.0, P0 / cores)
+            f = _per_core(P, cores)
+            g = f / _per_core(P0, cores)
 
             def beta(name: str) -> float:
                 return g if self.law == "cores" else (max(concurrency(name, P), 1.0)
@@ -215,7 +221,7 @@ class Machine:
         if active is not None and self.law == "link" and self.ranks:
             b *= active / max(concurrency("p2p", self.ranks), 1.0)
         elif active is not None and self.law == "cores" and self.ranks and self.cores:
-            b *= max(1.0, active / self.cores) / max(1.0, self.ranks / self.cores)
+            b *= _per_core(active, self.cores) / _per_core(self.ranks, self.cores)
         return model_time("p2p", a, b, m, 2)
 
     def t_allgather(self, m: float, P: int) -> float:
@@ -243,7 +249,7 @@ class Machine:
         cores, as ``t_p2p`` prices their messages."""
         share = 1.0
         if active is not None and self.ranks and self.cores:
-            share = max(1.0, active / self.cores) / max(1.0, self.ranks / self.cores)
+            share = _per_core(active, self.cores) / _per_core(self.ranks, self.cores)
         if self.stream is not None:  # measured: acc = r + x, 3 streams per element
             return share * streams / 3 * self.stream.c1 * max(n, 0.0)
         return share * streams * self.threshold.c1 * max(n, 0.0)
@@ -447,8 +453,13 @@ def expected_error(errors: tuple, octaves_n: float = 0.0, octaves_P: float = 0.0
     in-range error, grown per four octaves of n (the one-size-out folds' end sizes
     lie about that far out) and per octave of P (the one-P-out error; the in-range
     one where the runs span one P)."""
-    inside, octave = errors[0], errors[1] if math.isfinite(errors[1]) else errors[0]
-    return inside * (1 + octaves_n / 4) + octave * octaves_P
+    return errors[0] * (1 + octaves_n / 4) + error_growth_in_P(errors, octaves_P)
+
+
+def error_growth_in_P(errors: tuple, octaves_P: float) -> float:
+    """The part of :func:`expected_error` that ``octaves_P`` beyond the runs add: the
+    error per octave of P (the in-range one where the runs span one P) x the octaves."""
+    return (errors[1] if math.isfinite(errors[1]) else errors[0]) * octaves_P
 
 
 def overhead(machine: Machine, algorithm: str, P: int) -> float:

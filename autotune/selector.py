@@ -23,8 +23,8 @@ predicted x exp(error), below the reference's lower one).  Where only P lies
 far (n within the runs), a win is judged on the error's growth in P alone
 (per octave of P times the octaves): the in-range error measures a fit across
 sizes, and with it added a sparse algorithm predicted 9x faster than dense
-over a slow link could not win (regret 13-16, BENCHMARKS "Selector regret").  The reference is
-the exact one with the lowest upper bound, except on a CPU profile far beyond
+over a slow link could not win (regret 13-16, BENCHMARKS "Selector regret").
+The reference is the exact one with the lowest upper bound, except on a CPU profile far beyond
 the sampled sizes, where it is dense (Rabenseifner): there host MPI's
 allreduce switches to algorithms its model does not know.  Only P far
 beyond the runs, at sampled sizes, gives MPI no such reason.
@@ -241,10 +241,9 @@ class Selector:
         return min(wins, key=lambda a: (high[a], a)) if wins else ref
 
     def _growth(self, algo: str, n: int, P: int) -> float:
-        """The part of the prediction's error that comes from P beyond the runs: the
-        error per octave of P (the in-range one where it is unknown) x the octaves."""
-        inside, octave = self.errors[algo][:2]
-        return (octave if math.isfinite(octave) else inside) * self._beyond(algo, n, P)[1]
+        """The part of the prediction's error that comes from P beyond the runs
+        (``costmodel.error_growth_in_P``)."""
+        return costmodel.error_growth_in_P(self.errors[algo], self._beyond(algo, n, P)[1])
 
     def choose(self, n: int, P: int, density: float = 0.01, *, lossy_ok: bool = True,
                candidates=None) -> Decision:

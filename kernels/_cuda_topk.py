@@ -117,7 +117,7 @@ def key_histogram(x, prefix: int, shift: int, nbits: int) -> np.ndarray:
     """``kernels.key_histogram`` on the device: tk_hist over x with the
     prefix in its state word, then one read of the 2**nbits (<= 16) bins."""
     stream = cp.cuda.get_current_stream()
-    ws = workspace(16, stream, "keyhist")        # u32 words: 16 bins, then the state
+    ws = workspace(12, stream, "keyhist")        # 24 u32 words: 16 bins, then the state
     base = ws.buf.data.ptr
     cp.cuda.runtime.memsetAsync(base, 0, 4 * 24, stream.ptr)
     ws.buf.view(cp.uint32)[16 + S_PREFIX:17 + S_PREFIX].fill(prefix)

@@ -174,14 +174,13 @@ def topk_select(x, k: int, *, work=None, add=None):
     in the selection's first pass over x (one read of x less)."""
     n = x.size
     _check_k(k, n)
+    cu = fast_float32(x) if 0 < k < n else None
     if add is not None:
-        if 0 < k < n and fast_float32(x) is not None and fused_add(x, add) is not None:
-            return fast_float32(x).topk_select(x.reshape(-1), k, add=add.reshape(-1))
+        if cu is not None and fused_add(x, add) is not None:  # both in place: one pass
+            return cu.topk_select(x.reshape(-1), k, add=add.reshape(-1))
         add_into(x, add)
-    if 0 < k < n:
-        cu = fast_float32(x)
-        if cu is not None:
-            return cu.topk_select(cu.prepare(x), k)
+    if cu is not None:
+        return cu.topk_select(cu.prepare(x), k)
     idx = _topk_indices_xp(x, k, work)
     return idx, x.reshape(-1)[idx]
 

@@ -2,6 +2,7 @@
 files of tests/ and tests/benchmarks/ are both named ``conftest``, so test
 modules must not import from ``conftest``)."""
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -13,13 +14,28 @@ from autotune.launch import mpiexec_argv
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def run(cmd, *, cwd=ROOT, timeout: float = 60, env=None) -> subprocess.CompletedProcess:
+    """``cmd`` with its output captured, in its own process group (mpiexec and its
+    ranks with it): past ``timeout`` the whole group is killed and TimeoutExpired
+    raised with the output so far, so no mpiexec or rank outlives a test."""
+    p = subprocess.Popen(cmd, cwd=cwd, env=None if env is None else {**os.environ, **env},
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        out, err = p.communicate()
+        raise subprocess.TimeoutExpired(cmd, timeout, out, err) from None
+    return subprocess.CompletedProcess(cmd, p.returncode, out, err)
+
+
 def run_mpi(nprocs: int, module: str, *args: str, timeout: float = 600, env=None):
     """Run ``python -m module args`` under real mpiexec; fail the test on a
     non-zero exit, showing the ranks' output."""
     argv = mpiexec_argv(nprocs, [sys.executable, "-m", module, *args])
     try:
-        p = subprocess.run(argv, cwd=ROOT, env=None if env is None else {**os.environ, **env}, capture_output=True,
-                           text=True, timeout=timeout)
+        p = run(argv, timeout=timeout, env=env)
     except subprocess.TimeoutExpired as e:
         pytest.fail(f"{module} at P={nprocs} hung past {timeout}s:\n{e.stdout}\n{e.stderr}")
     if p.returncode != 0:
@@ -31,8 +47,7 @@ def run_mpi(nprocs: int, module: str, *args: str, timeout: float = 600, env=None
 def bench_tool(*args: str, timeout: float = 300) -> tuple[int, str]:
     """Run ``python -m tests.benchmarks args`` (the regression-tracking tool):
     (exit status, stdout + stderr)."""
-    p = subprocess.run([sys.executable, "-m", "tests.benchmarks", *args], cwd=ROOT,
-                       capture_output=True, text=True, timeout=timeout)
+    p = run([sys.executable, "-m", "tests.benchmarks", *args], timeout=timeout)
     return p.returncode, p.stdout + p.stderr
 
 

@@ -3,9 +3,7 @@ comparison with the exact algorithms, the profiler's progress under mpiexec,
 and the agreement of every rank's arguments."""
 import argparse
 import io
-import os
 import re
-import signal
 import subprocess
 import sys
 import threading
@@ -16,6 +14,7 @@ import pytest
 
 from autotune import cli, launch as launcher
 from autotune.launch import mpiexec_argv, mpmd_argv
+from support import run
 
 ROOT = Path(__file__).resolve().parent.parent
 PROFILES = ROOT / "profiles"
@@ -31,23 +30,8 @@ if len(sys.argv) > 2 and sys.argv[1] == "fail-on":
 """
 
 
-def _run(cmd, cwd=ROOT, timeout=60):
-    """``cmd`` in its own process group (mpiexec and its ranks with it); past
-    ``timeout`` the whole group is killed and TimeoutExpired raised, so no
-    mpiexec outlives a test."""
-    p = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True, start_new_session=True)
-    try:
-        out, err = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        p.communicate()
-        raise
-    return subprocess.CompletedProcess(cmd, p.returncode, out, err)
-
-
 def _cli(*args, cwd=ROOT, timeout=60):
-    return _run([sys.executable, "-m", "autotune.cli", *args], cwd=cwd, timeout=timeout)
+    return run([sys.executable, "-m", "autotune.cli", *args], cwd=cwd, timeout=timeout)
 
 
 def _failed_job(cmd, cwd=ROOT):
@@ -56,7 +40,7 @@ def _failed_job(cmd, cwd=ROOT):
     "Performance regression tracking"); that, and only that, is tried once more."""
     for attempt in (1, 2):
         try:
-            p = _run(cmd, cwd=cwd, timeout=60)
+            p = run(cmd, cwd=cwd, timeout=60)
         except subprocess.TimeoutExpired:
             if attempt == 2:
                 raise
@@ -380,8 +364,7 @@ BENCH = [sys.executable, "-m", "autotune.cli", "bench", "--algorithms", "mpi", "
 
 def _two_ranks(argv0, argv1) -> subprocess.CompletedProcess:
     """One job of two ranks, rank 0 running ``argv0`` and rank 1 ``argv1``."""
-    return subprocess.run(mpmd_argv([(1, argv0), (1, argv1)]), cwd=ROOT, capture_output=True,
-                          text=True, timeout=60)
+    return run(mpmd_argv([(1, argv0), (1, argv1)]), timeout=60)
 
 
 @pytest.mark.mpi

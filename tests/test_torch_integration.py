@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import support
 from autotune.training import SparseSGD
 
 
@@ -330,7 +331,7 @@ def test_examples_write_curves(tmp_path, example, integration):
                             "--warmup-steps", "2", "--momentum-correction",
                             "--density-warmup", "2", "--fold-lr",
                             "--integration", integration, "--out", str(out)])
-    p = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    p = support.run(argv, timeout=120)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     d = json.loads(out.read_text())
     assert d["P"] == 2 and [r["algorithm"] for r in d["runs"]] == ["gtopk", "dense"]
