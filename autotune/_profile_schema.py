@@ -103,6 +103,10 @@ SPEC = {
 }
 
 
+# A shaped link's token bucket (optional: profiles of one CPU host; profiler.measure_burst).
+_BURST = {"bytes": INT, "link_s_per_byte": _NONNEG, "drained_s": _NONNEG, "fresh_s": _NONNEG,
+          "pause_s": _NONNEG, "link_bytes": INT}
+
 # One protocol regime of a primitive (see segment_at).
 _SEGMENT = {"from_bytes": INT, "alpha_s": _NONNEG, "beta_s_per_byte": _NONNEG}
 
@@ -191,6 +195,10 @@ def validate(data, path="<profile>") -> None:
     msg = _check(data, SPEC, "")
     if msg:
         raise ProfileError(path, msg)
+    if "link_burst" in data:  # optional (profiles of one CPU host from 2026-11-29 on)
+        msg = _check(data["link_burst"], _BURST, "link_burst")
+        if msg:
+            raise ProfileError(path, msg)
     for name, prim in data["primitives"].items():
         if name not in PRIMITIVES:
             raise ProfileError(path, f"unknown primitive 'primitives.{name}' "

@@ -59,6 +59,10 @@ a host whose ranks share cores, the fixed cost per call is priced per peer,
 ``o1 (P-1)`` with o0 = 0 (the form every such profile's runs at several P
 fitted: there a rank's fixed work competes with that of the other P-1 ranks),
 where it would otherwise be a constant o0 that no process count changes.
+Behind a link shaped by a token bucket (the profile's ``link_burst``), a call
+that starts on an idle link passes the bucket's bytes at the medium's speed:
+every call's bandwidth part loses bucket x the link's s/byte (``burst_s``;
+the profile's runs start on an idle link too, so the fit sees the same calls).
 :func:`cross_validate` gives each algorithm's held-out error: in range (one size left out) and per
 octave of P beyond the runs (one process count left out), the selector's
 error bars.
@@ -112,6 +116,9 @@ class Machine:
     cores: int | None = None  # and the cores those ranks share (Machine.at, the cores law)
     weights: dict = field(default_factory=dict)  # algorithm -> (w_lat, w_bw, w_cmp), fit_terms
     table1: frozenset = frozenset()  # algorithms whose weights fit_terms left at Table 1's
+    # seconds of the drained link's time a call starting on an idle link passes in its
+    # burst (a shaped link's token bucket: profile's link_burst bytes x its s/byte)
+    burst_s: float = 0.0
     _at: dict = field(default_factory=dict, compare=False, repr=False)
 
     def at(self, P: int) -> "Machine":
@@ -176,6 +183,7 @@ class Machine:
 
         p2p = link("p2p")
         single_cpu_host = prof.device == "cpu" and len(prof.hosts) == 1
+        lb = prof.link_burst
         cores = prof.cores
         bare = cls(
             p2p=p2p,
@@ -197,6 +205,7 @@ class Machine:
             # copies are made by the cores; any other network of one host is a link
             law=("link" if single_cpu_host and cores and prof.network not in ("shm", "?")
                  else "cores"),
+            burst_s=float(lb.get("bytes", 0) * lb.get("link_s_per_byte", 0.0)),
         )
         runs = prof.runs
         return fit_terms(bare, runs) if runs else bare
@@ -288,7 +297,9 @@ _PRIOR = 0.3
 def components(machine: Machine, algorithm: str, n: int, P: int, density: float = 0.01,
                tau_prime: int = 32, tau: int = 64) -> np.ndarray:
     """Seconds of the algorithm's latency, bandwidth and compute parts at (n, P)
-    (``PARTS``; they sum to its Table 1 terms)."""
+    (``PARTS``; they sum to its Table 1 terms), the bandwidth part less the
+    link's burst (``Machine.burst_s``): a call starting on an idle shaped link
+    passes that much of its drained time at the medium's own speed."""
     n, P = int(n), int(P)
     key = ("components", algorithm, n, P, float(density), tau_prime, tau)
     c = machine._at.get(key)
@@ -296,6 +307,8 @@ def components(machine: Machine, algorithm: str, n: int, P: int, density: float 
         cls, M, k = _cls(algorithm), machine.at(P), _k(n, float(density))
         c = machine._at[key] = np.array([float(cls.cost(M.part(w), n, P, k, tau_prime=tau_prime,
                                                         tau=tau)) for w in PARTS])
+        if machine.burst_s and P > 1:
+            c[1] = max(0.0, c[1] - machine.burst_s)
     return c
 
 
@@ -475,7 +488,7 @@ def predict(machine: Machine, algorithm: str, n: int, P: int, density: float = 0
     implementation's fixed cost per call."""
     if P <= 1:
         return _terms(machine, algorithm, n, P, density, tau_prime, tau)
-    w = machine.weights.get(algorithm)
+    w = machine.weights.get(algorithm, (1.0, 1.0, 1.0) if machine.burst_s else None)
     t = (_terms(machine, algorithm, n, P, density, tau_prime, tau) if w is None else
          float(np.dot(w, components(machine, algorithm, n, P, density, tau_prime, tau))))
     return t + overhead(machine, algorithm, P)

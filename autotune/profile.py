@@ -302,6 +302,8 @@ class Profile:
     settings = _Field("settings", default={})
     skipped = _Field("skipped", default=[])
     notes = _Field("notes", default="")
+    link_burst = _Field("link_burst", default={},
+                        doc="a shaped link's token bucket (profiler.measure_burst), or {}")
 
     @property
     def measured(self) -> bool:

@@ -81,8 +81,22 @@ def primitive_lines(prof: Profile) -> list[str]:
     if any(prof.primitive(n).shared_medium for n in prof.primitives):
         lines.append("  (one host: all ranks share one medium, so the fitted beta holds the "
                      "contention of P ranks; 'link' = beta / concurrency = one link's rate)")
-    lines += segment_lines(prof)
+    lines += segment_lines(prof) + burst_lines(prof)
     return lines
+
+
+def burst_lines(prof: Profile) -> list[str]:
+    """The link's token bucket (profiler.measure_burst), where it was measured."""
+    lb = prof.link_burst
+    if not lb:
+        return []
+    how = (f"{_size(lb['link_bytes'])} all pairs at once: {lb['drained_s'] * 1e3:.2f} ms back to "
+           f"back, {lb['fresh_s'] * 1e3:.2f} ms after {lb['pause_s'] * 1e3:.0f} ms idle")
+    if not lb["bytes"]:
+        return [f"  link burst: none ({how})"]
+    return [f"  link burst: {_size(lb['bytes'])} pass at the medium's speed after an idle pause "
+            f"(a token bucket; {how}; link {1e-9 / lb['link_s_per_byte']:.3f} GB/s); the "
+            "algorithm runs start on an idle link and the model credits every call the burst"]
 
 
 def _size(b: float) -> str:

@@ -79,11 +79,57 @@ def test_profile_under_mpi_has_every_part(measured):
     cap = sorted((float(k), v) for k, v in d["xi"]["captured_norm"]["by_density"].items())
     assert [v for _, v in cap] == sorted(v for _, v in cap) and 0 < cap[0][1] <= cap[-1][1] <= 1
     assert d["fingerprint"]["backend"] == "mpi" and d["settings"]["backend"] == "mpi"
+    lb = d["link_burst"]  # one host's CPU ranks: the link's burst was measured
+    assert lb["link_bytes"] > 0 and lb["drained_s"] > 0 and lb["fresh_s"] > 0
+    assert lb["bytes"] >= 0 and lb["link_s_per_byte"] > 0
     for name, rec in d["primitives"].items():  # regime segments cover every size
         segs = rec["segments"]
         assert 1 <= len(segs) <= profiler.MAX_SEGMENTS, name
         assert sum(s["sizes"] for s in segs) == sum(not s["heldout"] for s in rec["samples"])
         assert rec["line_heldout_median_rel_err"] is not None
+
+
+@pytest.fixture
+def shaped_link():
+    """A network namespace whose loopback is a 1 Gbit/s link with a 512 KiB token
+    bucket (tc tbf), deleted afterwards; a skip where namespaces are not permitted."""
+    import os
+    import shutil
+
+    name = f"autotune_burst_{os.getpid()}"
+    if not shutil.which("ip") or not shutil.which("tc"):
+        pytest.skip("needs ip and tc (iproute2)")
+    made = subprocess.run(["ip", "netns", "add", name], capture_output=True, text=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot create a network namespace: {made.stderr.strip()}")
+    try:
+        for cmd in (["ip", "link", "set", "lo", "up"],
+                    ["tc", "qdisc", "add", "dev", "lo", "root", "tbf", "rate", "1gbit",
+                     "burst", "512kb", "latency", "500ms"]):
+            subprocess.run(["ip", "netns", "exec", name, *cmd], check=True, capture_output=True)
+        yield name
+    finally:
+        subprocess.run(["ip", "netns", "del", name], capture_output=True)
+
+
+@pytest.mark.mpi
+@pytest.mark.quiet  # timing: alone, not beside other tests
+def test_burst_of_a_shaped_link_is_measured(shaped_link):
+    """Over a real token-bucket link (Open MPI on TCP) the profiler finds the
+    bucket's size and the link's rate; in shared memory it finds no bucket."""
+    from autotune.launch import mpiexec_argv
+    from support import run
+
+    tcp = ["env", "OMPI_MCA_btl=tcp,self", "OMPI_MCA_btl_tcp_if_include=lo", "OMPI_MCA_pml=ob1"]
+    argv = mpiexec_argv(2, [sys.executable, "-m", "tests.mpi.burst_probe"])
+    p = run(["ip", "netns", "exec", shaped_link, *tcp, *argv], timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    burst = json.loads(p.stdout.strip().splitlines()[-1])
+    assert burst["link_s_per_byte"] == pytest.approx(8e-9, rel=0.15), burst  # 1 Gbit/s
+    assert burst["bytes"] == pytest.approx(512 << 10, rel=0.25), burst
+    p = run(argv, timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert json.loads(p.stdout.strip().splitlines()[-1])["bytes"] == 0
 
 
 @pytest.mark.mpi
@@ -155,6 +201,10 @@ def _bad_cases(tmp_path):
     nan = text.replace(f'"alpha_s": {json.dumps(good["primitives"]["p2p"]["alpha_s"])}',
                        '"alpha_s": NaN', 1)
     put("nan", nan)
+    burst = copy.deepcopy(good)
+    burst["link_burst"] = {"bytes": "1mb", "link_s_per_byte": 8e-9, "drained_s": 0.03,
+                           "fresh_s": 0.02, "pause_s": 0.05, "link_bytes": 4 << 20}
+    put("burst", json.dumps(burst))
     return cases
 
 
@@ -168,6 +218,7 @@ EXPECT = {
     "type": "field 'fingerprint.P' should be an integer",
     "negative": "must be >= 0",
     "nan": "non-finite",
+    "burst": "field 'link_burst.bytes' should be an integer",
 }
 
 

@@ -463,3 +463,28 @@ def test_gtopk_prices_each_tree_round_with_its_senders(P, senders):
 
     ALGORITHMS["gtopk"].cost(Prices(), 1 << 20, P, 1 << 10)
     assert seen == senders
+
+
+def test_a_links_burst_comes_off_each_calls_bandwidth_part(slow):
+    """A shaped link's token bucket (the profile's ``link_burst``) passes that many
+    bytes of a call starting on an idle link at the medium's speed: each call's
+    bandwidth part loses bytes x the link's s/byte, never below zero; latency and
+    compute stay; a profile without a bucket predicts as before."""
+    bare = {**slow, "runs": []}
+    plain = costmodel.Machine.from_profile(bare)
+    assert plain.burst_s == 0.0
+    burst = {"bytes": 1 << 20, "link_s_per_byte": 8e-9, "drained_s": 0.0335, "fresh_s": 0.0255,
+             "pause_s": 0.05, "link_bytes": 4 << 20}
+    m = costmodel.Machine.from_profile({**bare, "link_burst": burst})
+    assert m.burst_s == pytest.approx((1 << 20) * 8e-9)
+    for a in ("mpi", "dense", "topka", "oktopk"):
+        for n in (1 << 10, 1 << 16, 1 << 24):
+            c0 = costmodel.components(plain, a, n, 6)
+            c1 = costmodel.components(m, a, n, 6)
+            assert c1[1] == pytest.approx(max(0.0, c0[1] - m.burst_s), rel=1e-12, abs=1e-15)
+            assert (c1[[0, 2]] == c0[[0, 2]]).all()
+            assert costmodel.predict(m, a, n, 6) <= costmodel.predict(plain, a, n, 6)
+    # a call within the burst pays no bandwidth; one far beyond it pays all but the burst
+    assert costmodel.components(m, "mpi", 1 << 10, 6)[1] == 0.0
+    big = costmodel.components(plain, "mpi", 1 << 24, 6)[1]
+    assert costmodel.components(m, "mpi", 1 << 24, 6)[1] == pytest.approx(big - m.burst_s)

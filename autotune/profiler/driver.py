@@ -16,9 +16,9 @@ from collectives import ALGORITHMS, MPICommunicator
 from ..profile import COMPUTE_KERNELS, PRIMITIVES, Profile, cpu_model, gpu_model, nccl_version
 from .common import ProfilerError, _agree_error, _control, _loadavg, _xp
 from .fits import refit_profile
-from .measure import (_GPU_ALGO_EXTRA, _GPU_COMPUTE_EXTRA, count_algorithm_steps,
-                      measure_algorithms, measure_compute, measure_primitives, primitive_sizes,
-                      process_counts)
+from .measure import (_GPU_ALGO_EXTRA, _GPU_COMPUTE_EXTRA, count_algorithm_steps, idle_gap,
+                      measure_algorithms, measure_burst, measure_compute, measure_primitives,
+                      primitive_sizes, process_counts)
 from .xi import load_gradient_dir, xi_from_files, xi_from_training
 
 
@@ -28,7 +28,7 @@ PLANS = {
         log2_bytes=list(range(2, 17, 2)), prim_warmup=1, prim_repeat=3, prim_budget_s=0.05,
         algo_log2n=[10], densities=[0.01], algo_warmup=2, algo_repeat=2, algo_budget_s=0.1,
         compute_log2n=[10, 14, 18], compute_repeat=3, xi_steps=6, xi_every=2,
-        xi_densities=[0.01, 0.1]),
+        xi_densities=[0.01, 0.1], burst=dict(pause_s=0.01, repeat=3)),
     "quick": dict(
         log2_bytes=list(range(2, 23)), prim_warmup=2, prim_repeat=15, prim_budget_s=0.3,
         algo_log2n=[12, 14, 16, 18, 20], densities=[0.01], algo_warmup=3, algo_repeat=5,
@@ -219,7 +219,9 @@ def run_profile(comm, *, plan_name: str = "quick", device: str = "cpu", network:
     plan = dict(plan, lossless_log2n=[e for e in plan.get("lossless_log2n", [])
                                       if e > max(plan["algo_log2n"]) and (4 << e) <= max_bytes])
     n_sizes = len(primitive_sizes(plan, max_bytes))
-    total = (len(PRIMITIVES) * n_sizes + count_algorithm_steps(comm.size, plan, names)
+    # one host's ranks behind one shaped link (a namespace's token bucket): its burst
+    burst_here = shared_medium and device == "cpu"
+    total = (len(PRIMITIVES) * n_sizes + burst_here + count_algorithm_steps(comm.size, plan, names)
              + len(COMPUTE_KERNELS) * (len(plan["compute_log2n"])
                                        + (len(_GPU_COMPUTE_EXTRA) if device == "gpu" else 0))
              + (0 if gradients else plan["xi_steps"]))
@@ -228,9 +230,12 @@ def run_profile(comm, *, plan_name: str = "quick", device: str = "cpu", network:
         t0 = time.perf_counter()
         prims = measure_primitives(comm, plan, max_bytes=max_bytes, xp=xp, sync=sync,
                                    progress=progress, shared_medium=shared_medium)
+        burst = measure_burst(comm, xp=xp, **plan.get("burst", {})) if burst_here else {}
+        if burst_here:
+            progress.step("burst")
         t1 = time.perf_counter()
         runs, skipped = measure_algorithms(comm, plan, names=names, xp=xp, sync=sync,
-                                           progress=progress, seed=seed)
+                                           progress=progress, seed=seed, gap_s=idle_gap(burst))
         t2 = time.perf_counter()
         compute = measure_compute(comm, plan, device=device, xp=xp, sync=sync, progress=progress)
         t3 = time.perf_counter()
@@ -254,10 +259,13 @@ def run_profile(comm, *, plan_name: str = "quick", device: str = "cpu", network:
         "backend": comm.backend,
         "timing": "median of repeats; each repeat after a barrier, slowest rank's time; "
                   "small messages timed in batches of ~5 ms"
-                  + ("; each repeat ends with a CUDA stream synchronize" if sync else ""),
+                  + ("; each repeat ends with a CUDA stream synchronize" if sync else "")
+                  + (f"; each algorithm run's repeat after {idle_gap(burst) * 1e3:.1f} ms idle "
+                     "(the link's burst refilled)" if idle_gap(burst) else ""),
     }
+    extra = {"link_burst": burst} if burst else {}
     return Profile.new(source="measured", fingerprint=fp, primitives=prims, compute=compute,
-                       runs=runs, xi=xi, skipped=skipped, settings=settings)
+                       runs=runs, xi=xi, skipped=skipped, settings=settings, **extra)
 
 
 def _parse_bytes(s: str | None) -> int | None:

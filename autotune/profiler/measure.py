@@ -3,12 +3,14 @@ algorithms' runs, the local compute kernels.  Every timing goes through
 ``collectives.timeit`` / ``timeit_interleaved`` (warm-up, barrier, slowest rank)."""
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 import kernels
 from collectives import ALGORITHMS, timeit, timeit_interleaved
 
-from ..profile import PRIMITIVES
+from ..profile import PRIMITIVES, concurrency
 from .common import _agree_max, _control
 from .fits import fit_compute, fit_primitive, heldout_mask
 
@@ -128,6 +130,57 @@ def measure_primitives(comm, plan, *, max_bytes: int, xp, sync, progress, shared
     return out
 
 
+# -- 1b. a shaped link's burst ---------------------------------------------------------
+def measure_burst(comm, *, xp, link_bytes: int = 1 << 20, max_link_bytes: int = 64 << 20,
+                  pause_s: float = 0.05, repeat: int = 5) -> dict:
+    """The token bucket of a shaped link (e.g. ``tc tbf ... burst 1mb``): how
+    many bytes a call passes at the medium's own speed when it starts after an
+    idle pause, where back to back calls find the bucket empty.
+
+    All rank pairs exchange m bytes at once (the ``p2p`` primitive), putting
+    ``link_bytes`` on the host's one medium, ``repeat`` times each way,
+    alternated: right after the same exchange (drained, ``t_d``) and after
+    ``pause_s`` asleep (fresh, ``t_f``).  Then the link's s/byte is t_d /
+    link_bytes and the bucket holds link_bytes (1 - t_f / t_d) bytes; none
+    unless the pause saves at least 15% (shared memory: a pause saves nothing).
+    A bucket that passes most of the exchange may be bigger: the exchange and
+    the pause double until it no longer does, up to ``max_link_bytes``.
+    Returns {bytes, link_s_per_byte, drained_s, fresh_s, pause_s, link_bytes}.
+    """
+    pairs = concurrency("p2p", comm.size)  # link bytes per byte each rank sends
+    if pairs <= 0:
+        return {}
+
+    def sleep():
+        time.sleep(pause_s)
+    while True:
+        m = max(1, int(link_bytes // pairs))
+        fn = _primitive_call(comm, "p2p", m, xp)
+        fn()
+        drained, fresh = [], []
+        for _ in range(repeat):
+            drained.append(float(timeit(fn, comm=comm, warmup=1, repeat=1)[0]))
+            fresh.append(float(timeit(fn, comm=comm, warmup=0, repeat=1, between=sleep)[0]))
+        t_d, t_f = float(np.median(drained)), float(np.median(fresh))
+        total = m * pairs
+        credit = total * (1.0 - t_f / t_d) if t_f < 0.85 * t_d else 0.0
+        if credit < 0.7 * total or 2 * total > max_link_bytes:
+            break
+        link_bytes, pause_s = 2 * total, max(pause_s, 2 * t_d)
+    return {"bytes": int(credit), "link_s_per_byte": t_d / total, "drained_s": t_d,
+            "fresh_s": t_f, "pause_s": pause_s, "link_bytes": int(total)}
+
+
+def idle_gap(burst: dict | None) -> float:
+    """Seconds of pause that refill ``burst``'s bucket (:func:`measure_burst`) with
+    a margin: what the algorithm runs wait before each timed call, so every call
+    starts with the link idle, as a training step's first allreduce does; 0
+    without a bucket."""
+    if not burst or not burst.get("bytes"):
+        return 0.0
+    return 1.25 * burst["bytes"] * burst["link_s_per_byte"] + 1e-3
+
+
 # -- 2. algorithm runs ---------------------------------------------------------------
 def process_counts(P: int, odd: bool = False) -> list[int]:
     """2, 4, 8, ... below P, then P itself; with ``odd`` also 3, 6, 12, ... below P.
@@ -155,7 +208,7 @@ def algorithm_sizes(plan, name: str) -> list[int]:
     return sorted(set(plan["algo_log2n"]) | set(extra))
 
 
-def _time_algorithm(comm, cls, n: int, density, pool, plan, sync):
+def _time_algorithm(comm, cls, n: int, density, pool, plan, sync, gap_s: float = 0.0):
     algo = cls(comm, check_finite=False)
     traffics = []
     i = [0]
@@ -169,10 +222,11 @@ def _time_algorithm(comm, cls, n: int, density, pool, plan, sync):
     warm = plan["algo_warmup"]
     for _ in range(warm):  # error feedback and thresholds reach steady state
         call()
-    t1 = float(timeit(call, comm=comm, warmup=0, repeat=1, sync=sync)[0])
+    between = (lambda: time.sleep(gap_s)) if gap_s > 0 else None
+    t1 = float(timeit(call, comm=comm, warmup=0, repeat=1, sync=sync, between=between)[0])
     reps = int(max(2, min(plan["algo_repeat"], plan["algo_budget_s"] // max(t1, 1e-9))))
     traffics.clear()
-    times = timeit(call, comm=comm, warmup=0, repeat=reps, sync=sync)
+    times = timeit(call, comm=comm, warmup=0, repeat=reps, sync=sync, between=between)
     sent = max(t.bytes_sent() for t in traffics)
     sent = int(_agree_max(comm, float(sent)))
     mean = np.zeros(len(_KINDS))
@@ -190,7 +244,8 @@ def _time_algorithm(comm, cls, n: int, density, pool, plan, sync):
     }
 
 
-def measure_algorithms(world, plan, *, names, xp, sync, progress, seed: int = 0):
+def measure_algorithms(world, plan, *, names, xp, sync, progress, seed: int = 0,
+                       gap_s: float = 0.0):
     rows, skipped = [], []
     sizes = sorted({e for name in names for e in algorithm_sizes(plan, name)})
     for p in process_counts(world.size, plan.get("odd_process_counts", False)):
@@ -206,7 +261,8 @@ def measure_algorithms(world, plan, *, names, xp, sync, progress, seed: int = 0)
                     cls = ALGORITHMS[name]
                     for d in (plan["densities"] if cls.lossy else [None]):
                         try:
-                            rows.append(_time_algorithm(sub, cls, n, d, pool, plan, sync))
+                            rows.append(_time_algorithm(sub, cls, n, d, pool, plan, sync,
+                                                        gap_s))
                         except Exception as exc:  # a new algorithm may refuse a case
                             skipped.append({"algorithm": name, "n": n, "P": p, "density": d,
                                             "reason": f"{type(exc).__name__}: {exc}"[:300]})
