@@ -304,12 +304,31 @@ def components(machine: Machine, algorithm: str, n: int, P: int, density: float 
     key = ("components", algorithm, n, P, float(density), tau_prime, tau)
     c = machine._at.get(key)
     if c is None:
-        cls, M, k = _cls(algorithm), machine.at(P), _k(n, float(density))
-        c = machine._at[key] = np.array([float(cls.cost(M.part(w), n, P, k, tau_prime=tau_prime,
-                                                        tau=tau)) for w in PARTS])
+        c = machine._at[key] = _parts(machine, algorithm, n, P, density, tau_prime, tau).copy()
         if machine.burst_s and P > 1:
             c[1] = max(0.0, c[1] - machine.burst_s)
     return c
+
+
+def _parts(machine: Machine, algorithm: str, n: int, P: int, density: float,
+           tau_prime: int = 32, tau: int = 64) -> np.ndarray:
+    """:func:`components` before the burst's credit (cached)."""
+    key = ("parts", algorithm, n, P, float(density), tau_prime, tau)
+    c = machine._at.get(key)
+    if c is None:
+        cls, M, k = _cls(algorithm), machine.at(P), _k(n, float(density))
+        c = machine._at[key] = np.array([float(cls.cost(M.part(w), n, P, k, tau_prime=tau_prime,
+                                                        tau=tau)) for w in PARTS])
+    return c
+
+
+def burst_share(machine: Machine, algorithm: str, n: int, P: int, density: float = 0.01) -> float:
+    """The share of a call's drained bandwidth time that the link's burst covers
+    (``Machine.burst_s``): 1 for a call within it, less beyond; 0 without a burst."""
+    if not machine.burst_s or P <= 1:
+        return 0.0
+    bw = float(_parts(machine, algorithm, int(n), int(P), density)[1])
+    return 1.0 if bw <= machine.burst_s else machine.burst_s / bw
 
 
 def _design(machine: Machine, runs) -> dict:

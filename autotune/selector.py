@@ -104,9 +104,15 @@ def _gap(lo, hi, q) -> np.ndarray:
     return np.maximum(lo - q, 0) + np.maximum(q - hi, 0)
 
 
-def _features(algorithms, algo: str, n: int, P: int, density: float, model_s: float):
+def _features(algorithms, algo: str, n: int, P: int, density: float, model_s: float,
+              burst: float | None = None):
+    """The correction's features: where the call lies (``_point``), the model's log
+    time, the algorithm, and behind a shaped link (``burst``: the share of the call's
+    bandwidth time the link's burst covers, ``costmodel.burst_share``) the regime, so
+    that a residual past the bucket is not carried to calls within it."""
     onehot = [1.0 if a == algo else 0.0 for a in algorithms]
-    return [*_point(algo, n, P, density), math.log(max(model_s, 1e-9)), *onehot]
+    return ([*_point(algo, n, P, density), math.log(max(model_s, 1e-9)), *onehot]
+            + ([] if burst is None else [burst]))
 
 
 def default_algorithms(profile) -> list[str]:
@@ -173,13 +179,20 @@ class Selector:
             X, y = [], []
             for r in runs:
                 m = self._model(r["algorithm"], r["n"], r["P"], _dens(r["algorithm"], r["density"]))
-                X.append(_features(self.algorithms, r["algorithm"], r["n"], r["P"], r["density"], m))
+                X.append(_features(self.algorithms, r["algorithm"], r["n"], r["P"], r["density"], m,
+                                   self._burst(r["algorithm"], r["n"], r["P"], r["density"])))
                 y.append(math.log(r["median_s"] / m))
             X = np.asarray(X)
             self.model = GradientBoostingRegressor(
                 n_estimators=300, max_depth=3, learning_rate=0.05, subsample=1.0,
                 random_state=random_state).fit(X, np.asarray(y))
             self.domain = (X[:, :3].min(axis=0), X[:, :3].max(axis=0))
+
+    def _burst(self, algo, n, P, density) -> float | None:
+        """The correction's burst feature (``_features``); None without a burst."""
+        if not self.machine.burst_s:
+            return None
+        return costmodel.burst_share(self.machine, algo, n, P, _dens(algo, density))
 
     def _model(self, algo, n, P, density):
         return max(costmodel.predict(self.machine, algo, n, P, _dens(algo, density)), 1e-9)
@@ -197,7 +210,8 @@ class Selector:
         m = self._model(algo, n, P, density)
         if self.model is None:
             return m, m
-        corr = float(self.model.predict(np.asarray([_features(self.algorithms, algo, n, P, density, m)]))[0])
+        x = _features(self.algorithms, algo, n, P, density, m, self._burst(algo, n, P, density))
+        corr = float(self.model.predict(np.asarray([x]))[0])
         # 1 inside the algorithm's runs, -> 0 far outside
         fade = math.exp(-self._outside(n, P, _dens(algo, density), algo))
         return m * math.exp(corr * fade), m

@@ -488,3 +488,7 @@ def test_a_links_burst_comes_off_each_calls_bandwidth_part(slow):
     assert costmodel.components(m, "mpi", 1 << 10, 6)[1] == 0.0
     big = costmodel.components(plain, "mpi", 1 << 24, 6)[1]
     assert costmodel.components(m, "mpi", 1 << 24, 6)[1] == pytest.approx(big - m.burst_s)
+    # the learned correction tells calls within the burst from those past it
+    assert costmodel.burst_share(plain, "mpi", 1 << 10, 6) == 0.0
+    assert costmodel.burst_share(m, "mpi", 1 << 10, 6) == 1.0
+    assert 0.0 < costmodel.burst_share(m, "mpi", 1 << 24, 6) < 0.01
