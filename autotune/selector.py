@@ -4,9 +4,11 @@ The cost model (autotune.costmodel) predicts every algorithm's time from the
 profile's fitted alpha/beta and compute costs.  A scikit-learn gradient-boosted
 model, trained on the profile's measured runs, learns the *correction*
 log(measured / predicted) per algorithm, so the prediction extrapolates in n
-and P through the model's terms rather than through the trees.  Outside the
-range of the training data the correction fades out (the decision says so)
-and the cost model decides.  Same profile in, same decisions out.
+and P through the model's terms rather than through the trees.  Behind a
+shaped link it also sees how much of a call's bandwidth time the link's burst
+covers, so a residual of calls past the bucket is not carried to calls within
+it.  Outside the range of the training data the correction fades out (the
+decision says so) and the cost model decides.  Same profile in, same decisions out.
 
 Every prediction carries an error estimate from cross-validation on the
 profile's runs (``costmodel.heldout_errors``): each algorithm's held-out error

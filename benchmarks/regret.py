@@ -21,11 +21,15 @@ from autotune.selector import Selector
 
 
 def load_points(paths):
-    pts = defaultdict(dict)
+    """{(n, P, density): {algorithm: seconds}} from sweeps; a point several sweeps
+    measured (repeated sweeps of one grid) gets the geometric mean of their medians."""
+    seen = defaultdict(lambda: defaultdict(list))
     for p in paths:
         for r in json.load(open(p))["rows"]:
-            pts[(r["n"], r["P"], r["density"])][r["algorithm"]] = r["median_s"]
-    return pts
+            if r.get("median_s"):
+                seen[(r["n"], r["P"], r["density"])][r["algorithm"]].append(r["median_s"])
+    return defaultdict(dict, {k: {a: math.exp(sum(map(math.log, v)) / len(v))
+                                  for a, v in by.items()} for k, by in seen.items()})
 
 
 def evaluate(profile: dict, points, *, exclude=(), other=None):

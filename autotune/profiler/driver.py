@@ -322,7 +322,7 @@ def main(args) -> int:
         print(f"wrote {path} ({path.stat().st_size / 1024:.0f} KiB) in {el:.1f} s")
         if comm.size == 2:
             print("autotune profile: note: two ranks time one process count, so how times grow "
-                  "with P is left to the paper's formulas and the selector is much less reliable "
-                  "at other P (docs/BENCHMARKS.md, 'Selector regret'); profile with 4 ranks or "
-                  "more where you can", file=sys.stderr)
+                  "with P comes from the paper's formulas alone, not from runs (docs/BENCHMARKS.md, "
+                  "'Selector regret'); profile with 4 ranks or more where you can",
+                  file=sys.stderr)
     return 0
