@@ -11,15 +11,13 @@ a stream synchronize so the split is honest (this removes any overlap).
 """
 from __future__ import annotations
 
-import functools
 import json
 import os
 import sys
-import time
 
 import numpy as np
 
-from collectives import ALGORITHMS, BACKENDS, timeit, timeit_interleaved
+from collectives import ALGORITHMS, BACKENDS, pause, timeit, timeit_interleaved
 
 from .dispatch import parse_spec
 
@@ -50,7 +48,7 @@ def sweep(comm, sizes, algorithms, density: float, repeat: int, warmup: int, see
     """
     order = resolve_order(order, device)
     baseline = comm.native if baseline is None else baseline
-    between = functools.partial(time.sleep, gap_s) if gap_s > 0 else None
+    between = pause(gap_s)
     rows = []
     rng = np.random.default_rng([seed, comm.rank])
     sync = None

@@ -63,9 +63,9 @@ Behind a link shaped by a token bucket (the profile's ``link_burst``), a call
 that starts on an idle link passes the bucket's bytes at the medium's speed:
 every call's bandwidth part loses bucket x the link's s/byte (``burst_s``;
 the profile's runs start on an idle link too, so the fit sees the same calls).
-:func:`cross_validate` gives each algorithm's held-out error: in range (one size left out) and per
-octave of P beyond the runs (one process count left out), the selector's
-error bars.
+:func:`heldout_errors` gives each algorithm's held-out error: in range (one
+size left out) and per octave of P beyond the runs (one process count left
+out), the selector's error bars.
 """
 from __future__ import annotations
 
@@ -507,7 +507,6 @@ def predict(machine: Machine, algorithm: str, n: int, P: int, density: float = 0
     implementation's fixed cost per call."""
     if P <= 1:
         return _terms(machine, algorithm, n, P, density, tau_prime, tau)
-    w = machine.weights.get(algorithm, (1.0, 1.0, 1.0) if machine.burst_s else None)
-    t = (_terms(machine, algorithm, n, P, density, tau_prime, tau) if w is None else
-         float(np.dot(w, components(machine, algorithm, n, P, density, tau_prime, tau))))
+    w = machine.weights.get(algorithm, (1.0, 1.0, 1.0))  # Table 1 as it stands without runs
+    t = float(np.dot(w, components(machine, algorithm, n, P, density, tau_prime, tau)))
     return t + overhead(machine, algorithm, P)

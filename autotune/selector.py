@@ -192,9 +192,8 @@ class Selector:
 
     def _burst(self, algo, n, P, density) -> float | None:
         """The correction's burst feature (``_features``); None without a burst."""
-        if not self.machine.burst_s:
-            return None
-        return costmodel.burst_share(self.machine, algo, n, P, _dens(algo, density))
+        return (costmodel.burst_share(self.machine, algo, n, P, _dens(algo, density))
+                if self.machine.burst_s else None)
 
     def _model(self, algo, n, P, density):
         return max(costmodel.predict(self.machine, algo, n, P, _dens(algo, density)), 1e-9)

@@ -15,7 +15,7 @@ from ._base import (ALGORITHMS, BACKENDS, ITEM, Algorithm, Prices, SparseAllredu
 from ._validate import agree, check_intervals, report_nonfinite, validate
 from ._base import CallRecord, Observation, observe
 from ._comm import Communicator, MPICommunicator, PhaseCounters, Traffic, mpi_library_version
-from ._timing import timeit, timeit_interleaved
+from ._timing import pause, timeit, timeit_interleaved
 from ._nccl import NCCLCommunicator
 from ._dense import Dense, NativeMPI, NativeNCCL, rabenseifner
 from ._topk import GaussianK, GaussianKState, TopkA
@@ -57,6 +57,7 @@ __all__ = [
     "report_nonfinite",
     "stream_ordered",
     "unregister",
+    "pause",
     "timeit",
     "timeit_interleaved",
     "mpi_library_version",

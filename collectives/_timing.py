@@ -12,6 +12,7 @@ ratios stay meaningful on a shared machine where absolute times do not.
 """
 from __future__ import annotations
 
+import functools
 import time
 
 import numpy as np
@@ -67,6 +68,13 @@ def timeit_interleaved(fns, *, comm=None, warmup: int = 2, repeat=10, sync=None,
     for a, r in enumerate(reps):
         out[a, r:] = np.nan
     return out
+
+
+def pause(seconds: float):
+    """A ``between`` for :func:`timeit`: sleep ``seconds`` (untimed) before each
+    timed call, as a training step calls its allreduce after its forward and
+    backward pass; None (no pause) for 0."""
+    return functools.partial(time.sleep, seconds) if seconds > 0 else None
 
 
 def timeit(fn, *, comm=None, warmup: int = 2, repeat: int = 10, sync=None,

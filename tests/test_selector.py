@@ -444,7 +444,6 @@ def test_runs_at_one_P_pool_the_error_per_octave_and_robust_reference(slow):
                                                  band=growth)
 
 
-
 @pytest.mark.parametrize("P,senders", [(2, [1]), (6, [3, 1, 1]), (8, [4, 2, 1]), (5, [2, 1, 1])])
 def test_gtopk_prices_each_tree_round_with_its_senders(P, senders):
     """gTopk's round d: only the ranks r = d mod 2d send, so each round's message

@@ -221,7 +221,8 @@ def run_profile(comm, *, plan_name: str = "quick", device: str = "cpu", network:
     n_sizes = len(primitive_sizes(plan, max_bytes))
     # one host's ranks behind one shaped link (a namespace's token bucket): its burst
     burst_here = shared_medium and device == "cpu"
-    total = (len(PRIMITIVES) * n_sizes + burst_here + count_algorithm_steps(comm.size, plan, names)
+    total = (len(PRIMITIVES) * n_sizes + int(burst_here)
+             + count_algorithm_steps(comm.size, plan, names)
              + len(COMPUTE_KERNELS) * (len(plan["compute_log2n"])
                                        + (len(_GPU_COMPUTE_EXTRA) if device == "gpu" else 0))
              + (0 if gradients else plan["xi_steps"]))
@@ -230,12 +231,14 @@ def run_profile(comm, *, plan_name: str = "quick", device: str = "cpu", network:
         t0 = time.perf_counter()
         prims = measure_primitives(comm, plan, max_bytes=max_bytes, xp=xp, sync=sync,
                                    progress=progress, shared_medium=shared_medium)
-        burst = measure_burst(comm, xp=xp, **plan.get("burst", {})) if burst_here else {}
+        burst = {}
         if burst_here:
+            burst = measure_burst(comm, xp=xp, **plan.get("burst", {}))
             progress.step("burst")
+        gap_s = idle_gap(burst)
         t1 = time.perf_counter()
         runs, skipped = measure_algorithms(comm, plan, names=names, xp=xp, sync=sync,
-                                           progress=progress, seed=seed, gap_s=idle_gap(burst))
+                                           progress=progress, seed=seed, gap_s=gap_s)
         t2 = time.perf_counter()
         compute = measure_compute(comm, plan, device=device, xp=xp, sync=sync, progress=progress)
         t3 = time.perf_counter()
@@ -260,8 +263,8 @@ def run_profile(comm, *, plan_name: str = "quick", device: str = "cpu", network:
         "timing": "median of repeats; each repeat after a barrier, slowest rank's time; "
                   "small messages timed in batches of ~5 ms"
                   + ("; each repeat ends with a CUDA stream synchronize" if sync else "")
-                  + (f"; each algorithm run's repeat after {idle_gap(burst) * 1e3:.1f} ms idle "
-                     "(the link's burst refilled)" if idle_gap(burst) else ""),
+                  + (f"; each algorithm run's repeat after {gap_s * 1e3:.1f} ms idle "
+                     "(the link's burst refilled)" if gap_s else ""),
     }
     extra = {"link_burst": burst} if burst else {}
     return Profile.new(source="measured", fingerprint=fp, primitives=prims, compute=compute,

@@ -3,12 +3,10 @@ algorithms' runs, the local compute kernels.  Every timing goes through
 ``collectives.timeit`` / ``timeit_interleaved`` (warm-up, barrier, slowest rank)."""
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
 import kernels
-from collectives import ALGORITHMS, timeit, timeit_interleaved
+from collectives import ALGORITHMS, pause, timeit, timeit_interleaved
 
 from ..profile import PRIMITIVES, concurrency
 from .common import _agree_max, _control
@@ -150,9 +148,6 @@ def measure_burst(comm, *, xp, link_bytes: int = 1 << 20, max_link_bytes: int = 
     pairs = concurrency("p2p", comm.size)  # link bytes per byte each rank sends
     if pairs <= 0:
         return {}
-
-    def sleep():
-        time.sleep(pause_s)
     while True:
         m = max(1, int(link_bytes // pairs))
         fn = _primitive_call(comm, "p2p", m, xp)
@@ -160,7 +155,8 @@ def measure_burst(comm, *, xp, link_bytes: int = 1 << 20, max_link_bytes: int = 
         drained, fresh = [], []
         for _ in range(repeat):
             drained.append(float(timeit(fn, comm=comm, warmup=1, repeat=1)[0]))
-            fresh.append(float(timeit(fn, comm=comm, warmup=0, repeat=1, between=sleep)[0]))
+            fresh.append(float(timeit(fn, comm=comm, warmup=0, repeat=1,
+                                      between=pause(pause_s))[0]))
         t_d, t_f = float(np.median(drained)), float(np.median(fresh))
         total = m * pairs
         credit = total * (1.0 - t_f / t_d) if t_f < 0.85 * t_d else 0.0
@@ -222,7 +218,7 @@ def _time_algorithm(comm, cls, n: int, density, pool, plan, sync, gap_s: float =
     warm = plan["algo_warmup"]
     for _ in range(warm):  # error feedback and thresholds reach steady state
         call()
-    between = (lambda: time.sleep(gap_s)) if gap_s > 0 else None
+    between = pause(gap_s)
     t1 = float(timeit(call, comm=comm, warmup=0, repeat=1, sync=sync, between=between)[0])
     reps = int(max(2, min(plan["algo_repeat"], plan["algo_budget_s"] // max(t1, 1e-9))))
     traffics.clear()
