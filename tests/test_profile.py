@@ -112,6 +112,34 @@ def shaped_link():
         subprocess.run(["ip", "netns", "del", name], capture_output=True)
 
 
+def test_a_busy_host_is_told_from_a_link_without_a_bucket(monkeypatch):
+    """The burst's exchange far slower than the p2p primitive predicts (a busy
+    host: CPU-bound, fresh or drained) is measured again, and still told apart
+    from shared memory's sub-millisecond differences and from a shaped link."""
+    from autotune.profiler import measure
+
+    data = ROOT / "docs" / "data" / "offprofile"
+    slow = json.loads((data / "o29_prof2_slow_p2.json").read_text())
+    shm = json.loads((data / "o29_prof4_shm_p4.json").read_text())
+    quiet = slow["link_burst"]  # 2 MiB: drained 16.7 ms, the p2p fit says 16.8
+    assert not measure.burst_disturbed(quiet, slow["primitives"]["p2p"], 2)
+    assert not measure.burst_disturbed(shm["link_burst"], shm["primitives"]["p2p"], 4)
+    # measured beside one busy-loop process: 1 MiB in 15.9 ms drained, 16.1 fresh
+    busy = {"bytes": 0, "link_s_per_byte": 1.5189e-08, "drained_s": 0.015927,
+            "fresh_s": 0.016125, "pause_s": 0.05, "link_bytes": 1 << 20}
+    assert measure.burst_disturbed(busy, slow["primitives"]["p2p"], 2)
+
+    class Comm:
+        size = 2
+
+    for results, attempts in (([busy, busy, quiet], 3), ([busy, busy, busy], 3), ([quiet], 1)):
+        got, waits = list(results), []
+        monkeypatch.setattr(measure, "_burst_once", lambda comm, **kw: got.pop(0))
+        monkeypatch.setattr(measure.time, "sleep", waits.append)
+        out = measure.measure_burst(Comm(), xp=np, p2p=slow["primitives"]["p2p"])
+        assert out is results[-1] and not got and waits == [1.0] * (attempts - 1)
+
+
 @pytest.mark.mpi
 @pytest.mark.quiet  # timing: alone, not beside other tests
 def test_burst_of_a_shaped_link_is_measured(shaped_link):

@@ -20,7 +20,8 @@ progress and writes the file.  Four parts, in this order:
    on those sizes is recorded.
    On one CPU host the medium's **burst** comes next (:func:`measure_burst`):
    a shaped link's token bucket, which the algorithm runs then refill
-   before each timed call.
+   before each timed call; measured again, then warned about, while a busy
+   host makes the exchange CPU-bound (:func:`burst_disturbed`).
 2. **algorithm runs**: every registered algorithm (``collectives.ALGORITHMS``,
    iterated, so new ones are picked up) on heavy-tailed gradient-like data,
    on a grid of n and density, at P and at smaller process counts
@@ -44,9 +45,9 @@ from .driver import PLANS, _Progress, fingerprint, main, refit_main, run_profile
 from .fits import (MAX_SEGMENTS, MIN_SIZES_PER_SEGMENT, _segmentation_loo, choose_segments,
                    fit_compute, fit_linear, fit_primitive, fit_segments, heldout_mask,
                    refit_profile)
-from .measure import (algorithm_sizes, count_algorithm_steps, gradient_like, idle_gap,
-                      measure_algorithms, measure_burst, measure_compute, measure_primitives,
-                      primitive_sizes, process_counts)
+from .measure import (algorithm_sizes, burst_disturbed, count_algorithm_steps, gradient_like,
+                      idle_gap, measure_algorithms, measure_burst, measure_compute,
+                      measure_primitives, primitive_sizes, process_counts)
 from .xi import _XiTracker, assumption1_gap, load_gradient_dir, xi_from_files, xi_from_training
 
 __all__ = ["PLANS", "ProfilerError", "assumption1_gap", "choose_segments", "fit_linear",

@@ -3,12 +3,14 @@ algorithms' runs, the local compute kernels.  Every timing goes through
 ``collectives.timeit`` / ``timeit_interleaved`` (warm-up, barrier, slowest rank)."""
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 import kernels
 from collectives import ALGORITHMS, pause, timeit, timeit_interleaved
 
-from ..profile import PRIMITIVES, concurrency
+from ..profile import PRIMITIVES, concurrency, model_time, segment_at
 from .common import _agree_max, _control
 from .fits import fit_compute, fit_primitive, heldout_mask
 
@@ -129,8 +131,37 @@ def measure_primitives(comm, plan, *, max_bytes: int, xp, sync, progress, shared
 
 
 # -- 1b. a shaped link's burst ---------------------------------------------------------
-def measure_burst(comm, *, xp, link_bytes: int = 1 << 20, max_link_bytes: int = 64 << 20,
-                  pause_s: float = 0.05, repeat: int = 5) -> dict:
+def measure_burst(comm, *, xp, p2p: dict | None = None, attempts: int = 3,
+                  retry_wait_s: float = 1.0, **kw) -> dict:
+    """The token bucket of a shaped link (:func:`_burst_once`), measured again
+    (up to ``attempts`` times, ``retry_wait_s`` apart) while the exchange ran far
+    slower than the ``p2p`` primitive's record, fitted moments before, says it
+    takes (:func:`burst_disturbed`): a busy host makes the exchange CPU-bound,
+    fresh or drained, and hides the bucket.  The last measurement stands;
+    :func:`burst_disturbed` still tells the caller if it was disturbed."""
+    for attempt in range(attempts):
+        burst = _burst_once(comm, xp=xp, **kw)
+        if p2p is None or not burst_disturbed(burst, p2p, comm.size) or attempt == attempts - 1:
+            return burst
+        time.sleep(retry_wait_s)
+
+
+def burst_disturbed(burst: dict, p2p: dict, P: int) -> bool:
+    """Whether the burst's drained exchange took over 1.5x, and over 1 ms more
+    than, what the ``p2p`` primitive's record predicts for it (the same
+    exchange: every rank pair at once): then the host, not the medium, set the
+    pace (on the 2-core VM beside one busy-loop process: 16 ms for 1 MiB at
+    1 Gbit/s where the link takes 8.4, and no bucket shows).  Shared memory's
+    sub-millisecond differences do not count."""
+    if not burst or not burst.get("link_bytes"):
+        return False
+    m = burst["link_bytes"] / max(concurrency("p2p", P), 1.0)
+    expected = model_time("p2p", *segment_at(p2p, m), m, 2)
+    return burst["drained_s"] > 1.5 * expected and burst["drained_s"] - expected > 1e-3
+
+
+def _burst_once(comm, *, xp, link_bytes: int = 1 << 20, max_link_bytes: int = 64 << 20,
+                pause_s: float = 0.05, repeat: int = 5) -> dict:
     """The token bucket of a shaped link (e.g. ``tc tbf ... burst 1mb``): how
     many bytes a call passes at the medium's own speed when it starts after an
     idle pause, where back to back calls find the bucket empty.
