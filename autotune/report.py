@@ -92,11 +92,14 @@ def burst_lines(prof: Profile) -> list[str]:
         return []
     how = (f"{_size(lb['link_bytes'])} all pairs at once: {lb['drained_s'] * 1e3:.2f} ms back to "
            f"back, {lb['fresh_s'] * 1e3:.2f} ms after {lb['pause_s'] * 1e3:.0f} ms idle")
+    busy = (["  link burst: measured on a busy host (disturbed in every attempt): a token bucket "
+             "may be missed or undersized; profile again on a quiet host"]
+            if lb.get("disturbed") else [])
     if not lb["bytes"]:
-        return [f"  link burst: none ({how})"]
+        return [f"  link burst: none ({how})"] + busy
     return [f"  link burst: {_size(lb['bytes'])} pass at the medium's speed after an idle pause "
             f"(a token bucket; {how}; link {1e-9 / lb['link_s_per_byte']:.3f} GB/s); the "
-            "algorithm runs start on an idle link and the model credits every call the burst"]
+            "algorithm runs start on an idle link and the model credits every call the burst"] + busy
 
 
 def _size(b: float) -> str:

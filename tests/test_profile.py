@@ -113,31 +113,67 @@ def shaped_link():
 
 
 def test_a_busy_host_is_told_from_a_link_without_a_bucket(monkeypatch):
-    """The burst's exchange far slower than the p2p primitive predicts (a busy
-    host: CPU-bound, fresh or drained) is measured again, and still told apart
-    from shared memory's sub-millisecond differences and from a shaped link."""
+    """A busy host makes the burst's exchange CPU-bound, fresh or drained: far
+    slower than the p2p primitive predicts, or a bucket that passed most of 1 MiB
+    passing nothing of 2 MiB.  Either is marked ``disturbed`` (told apart from
+    shared memory's sub-millisecond differences and from a quiet shaped link) and
+    measured again; the last attempt stands."""
     from autotune.profiler import measure
 
     data = ROOT / "docs" / "data" / "offprofile"
     slow = json.loads((data / "o29_prof2_slow_p2.json").read_text())
     shm = json.loads((data / "o29_prof4_shm_p4.json").read_text())
-    quiet = slow["link_burst"]  # 2 MiB: drained 16.7 ms, the p2p fit says 16.8
-    assert not measure.burst_disturbed(quiet, slow["primitives"]["p2p"], 2)
+    p2p = slow["primitives"]["p2p"]
+    assert not measure.burst_disturbed(slow["link_burst"], p2p, 2)  # 16.7 ms, p2p says 16.8
     assert not measure.burst_disturbed(shm["link_burst"], shm["primitives"]["p2p"], 4)
     # measured beside one busy-loop process: 1 MiB in 15.9 ms drained, 16.1 fresh
     busy = {"bytes": 0, "link_s_per_byte": 1.5189e-08, "drained_s": 0.015927,
             "fresh_s": 0.016125, "pause_s": 0.05, "link_bytes": 1 << 20}
-    assert measure.burst_disturbed(busy, slow["primitives"]["p2p"], 2)
+    assert measure.burst_disturbed(busy, p2p, 2)
 
     class Comm:
-        size = 2
+        size, rank = 2, 0
 
-    for results, attempts in (([busy, busy, quiet], 3), ([busy, busy, busy], 3), ([quiet], 1)):
+        def sendrecv(self, *args):
+            pass
+
+    def scripted(times):  # (drained, fresh) seconds per link MiB, in the order measured
+        left = list(times)
+
+        def timeit(fn, *, between=None, **kw):
+            d, f = left[0]
+            if between is not None:
+                left.pop(0)
+            return [f if between is not None else d]
+        return timeit
+
+    # a bucket passes most of 1 MiB; at 2 MiB the busy host hides it: the 1 MiB figures stand
+    one_mib = [(8.4e-3, 0.5e-3)] * 5
+    monkeypatch.setattr(measure, "timeit", scripted(one_mib + [(16.8e-3,) * 2] * 5))
+    out = measure._burst_once(Comm(), xp=np, p2p=p2p)
+    assert out["disturbed"] and out["link_bytes"] == 1 << 20 and out["bytes"] > 0.9 * (1 << 20)
+    # quiet: the bucket (~1 MiB) found at 2 MiB, nothing marked
+    monkeypatch.setattr(measure, "timeit", scripted(one_mib + [(16.8e-3, 8.6e-3)] * 5))
+    out = measure._burst_once(Comm(), xp=np, p2p=p2p)
+    assert "disturbed" not in out and out["link_bytes"] == 2 << 20
+    assert out["bytes"] > 0.9 * (1 << 20)
+    # CPU-bound at 1 MiB, fresh or drained: no bucket shows, marked by the p2p check
+    monkeypatch.setattr(measure, "timeit", scripted([(15.9e-3, 16.1e-3)] * 5))
+    assert measure._burst_once(Comm(), xp=np, p2p=p2p)["disturbed"]
+
+    marked = dict(busy, disturbed=True)
+    for results, attempts in (([marked, marked, slow["link_burst"]], 3),
+                              ([marked, marked, marked], 3), ([slow["link_burst"]], 1)):
         got, waits = list(results), []
         monkeypatch.setattr(measure, "_burst_once", lambda comm, **kw: got.pop(0))
         monkeypatch.setattr(measure.time, "sleep", waits.append)
-        out = measure.measure_burst(Comm(), xp=np, p2p=slow["primitives"]["p2p"])
+        out = measure.measure_burst(Comm(), xp=np, p2p=p2p)
         assert out is results[-1] and not got and waits == [1.0] * (attempts - 1)
+    from autotune.report import burst_lines  # `autotune show` says so
+
+    assert not any("busy host" in x for x in burst_lines(Profile.of(slow)))
+    shown = burst_lines(Profile.of(dict(slow, link_burst=marked)))
+    assert shown[0].startswith("  link burst: none") and "busy host" in shown[1]
 
 
 @pytest.mark.mpi

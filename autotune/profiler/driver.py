@@ -16,9 +16,9 @@ from collectives import ALGORITHMS, MPICommunicator
 from ..profile import COMPUTE_KERNELS, PRIMITIVES, Profile, cpu_model, gpu_model, nccl_version
 from .common import ProfilerError, _agree_error, _control, _loadavg, _xp
 from .fits import refit_profile
-from .measure import (_GPU_ALGO_EXTRA, _GPU_COMPUTE_EXTRA, burst_disturbed,
-                      count_algorithm_steps, idle_gap, measure_algorithms, measure_burst,
-                      measure_compute, measure_primitives, primitive_sizes, process_counts)
+from .measure import (_GPU_ALGO_EXTRA, _GPU_COMPUTE_EXTRA, count_algorithm_steps, idle_gap,
+                      measure_algorithms, measure_burst, measure_compute, measure_primitives,
+                      primitive_sizes, process_counts)
 from .xi import load_gradient_dir, xi_from_files, xi_from_training
 
 
@@ -235,12 +235,11 @@ def run_profile(comm, *, plan_name: str = "quick", device: str = "cpu", network:
         if burst_here:
             burst = measure_burst(comm, xp=xp, p2p=prims["p2p"], **plan.get("burst", {}))
             progress.step("burst")
-            if comm.rank == 0 and burst_disturbed(burst, prims["p2p"], comm.size):
-                print(f"\nautotune profile: warning: {burst['link_bytes'] / 2**20:g} MiB took "
-                      f"{burst['drained_s'] * 1e3:.1f} ms on the medium, far more than its p2p "
-                      "primitive says, in every attempt: the host is busy, and a token bucket "
-                      "on the link would not show (docs/PROFILES.md, 'Runs'); profile on a "
-                      "quiet host", file=sys.stderr, flush=True)
+            if comm.rank == 0 and burst.get("disturbed"):
+                print("\nautotune profile: warning: a busy host disturbed the measurement of the "
+                      f"link's burst in every attempt (found {burst['bytes'] / 2**20:.2f} MiB): "
+                      "a token bucket on the link may be missed or undersized (docs/PROFILES.md, "
+                      "'Runs'); profile on a quiet host", file=sys.stderr, flush=True)
         gap_s = idle_gap(burst)
         t1 = time.perf_counter()
         runs, skipped = measure_algorithms(comm, plan, names=names, xp=xp, sync=sync,

@@ -133,15 +133,14 @@ def measure_primitives(comm, plan, *, max_bytes: int, xp, sync, progress, shared
 # -- 1b. a shaped link's burst ---------------------------------------------------------
 def measure_burst(comm, *, xp, p2p: dict | None = None, attempts: int = 3,
                   retry_wait_s: float = 1.0, **kw) -> dict:
-    """The token bucket of a shaped link (:func:`_burst_once`), measured again
-    (up to ``attempts`` times, ``retry_wait_s`` apart) while the exchange ran far
-    slower than the ``p2p`` primitive's record, fitted moments before, says it
-    takes (:func:`burst_disturbed`): a busy host makes the exchange CPU-bound,
-    fresh or drained, and hides the bucket.  The last measurement stands;
-    :func:`burst_disturbed` still tells the caller if it was disturbed."""
+    """The token bucket of a shaped link (:func:`_burst_once`), measured again,
+    up to ``attempts`` times ``retry_wait_s`` apart, while the measurement was
+    disturbed (its ``disturbed`` key): a busy host makes the exchange CPU-bound,
+    fresh or drained, and hides the bucket.  The last measurement stands (with
+    ``disturbed`` if it was)."""
     for attempt in range(attempts):
-        burst = _burst_once(comm, xp=xp, **kw)
-        if p2p is None or not burst_disturbed(burst, p2p, comm.size) or attempt == attempts - 1:
+        burst = _burst_once(comm, xp=xp, p2p=p2p, **kw)
+        if not burst.get("disturbed") or attempt == attempts - 1:
             return burst
         time.sleep(retry_wait_s)
 
@@ -151,8 +150,8 @@ def burst_disturbed(burst: dict, p2p: dict, P: int) -> bool:
     than, what the ``p2p`` primitive's record predicts for it (the same
     exchange: every rank pair at once): then the host, not the medium, set the
     pace (on the 2-core VM beside one busy-loop process: 16 ms for 1 MiB at
-    1 Gbit/s where the link takes 8.4, and no bucket shows).  Shared memory's
-    sub-millisecond differences do not count."""
+    1 Gbit/s where the link takes 8.4).  Shared memory's sub-millisecond
+    differences do not count."""
     if not burst or not burst.get("link_bytes"):
         return False
     m = burst["link_bytes"] / max(concurrency("p2p", P), 1.0)
@@ -160,8 +159,8 @@ def burst_disturbed(burst: dict, p2p: dict, P: int) -> bool:
     return burst["drained_s"] > 1.5 * expected and burst["drained_s"] - expected > 1e-3
 
 
-def _burst_once(comm, *, xp, link_bytes: int = 1 << 20, max_link_bytes: int = 64 << 20,
-                pause_s: float = 0.05, repeat: int = 5) -> dict:
+def _burst_once(comm, *, xp, p2p: dict | None = None, link_bytes: int = 1 << 20,
+                max_link_bytes: int = 64 << 20, pause_s: float = 0.05, repeat: int = 5) -> dict:
     """The token bucket of a shaped link (e.g. ``tc tbf ... burst 1mb``): how
     many bytes a call passes at the medium's own speed when it starts after an
     idle pause, where back to back calls find the bucket empty.
@@ -174,11 +173,16 @@ def _burst_once(comm, *, xp, link_bytes: int = 1 << 20, max_link_bytes: int = 64
     unless the pause saves at least 15% (shared memory: a pause saves nothing).
     A bucket that passes most of the exchange may be bigger: the exchange and
     the pause double until it no longer does, up to ``max_link_bytes``.
-    Returns {bytes, link_s_per_byte, drained_s, fresh_s, pause_s, link_bytes}.
+    Returns {bytes, link_s_per_byte, drained_s, fresh_s, pause_s, link_bytes},
+    with ``disturbed: True`` where a busy host showed: a bucket that passed most
+    of an exchange passing less than half as much of one twice as big (then the
+    smaller exchange's figures stand), or a drained exchange far slower than the
+    ``p2p`` record says (:func:`burst_disturbed`).
     """
     pairs = concurrency("p2p", comm.size)  # link bytes per byte each rank sends
     if pairs <= 0:
         return {}
+    out = None
     while True:
         m = max(1, int(link_bytes // pairs))
         fn = _primitive_call(comm, "p2p", m, xp)
@@ -191,11 +195,16 @@ def _burst_once(comm, *, xp, link_bytes: int = 1 << 20, max_link_bytes: int = 64
         t_d, t_f = float(np.median(drained)), float(np.median(fresh))
         total = m * pairs
         credit = total * (1.0 - t_f / t_d) if t_f < 0.85 * t_d else 0.0
+        if out is not None and credit < 0.5 * out["bytes"]:  # a bucket does not shrink
+            return dict(out, disturbed=True)
+        out = {"bytes": int(credit), "link_s_per_byte": t_d / total, "drained_s": t_d,
+               "fresh_s": t_f, "pause_s": pause_s, "link_bytes": int(total)}
         if credit < 0.7 * total or 2 * total > max_link_bytes:
             break
         link_bytes, pause_s = 2 * total, max(pause_s, 2 * t_d)
-    return {"bytes": int(credit), "link_s_per_byte": t_d / total, "drained_s": t_d,
-            "fresh_s": t_f, "pause_s": pause_s, "link_bytes": int(total)}
+    if p2p is not None and burst_disturbed(out, p2p, comm.size):
+        out["disturbed"] = True
+    return out
 
 
 def idle_gap(burst: dict | None) -> float:
