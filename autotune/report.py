@@ -92,14 +92,23 @@ def burst_lines(prof: Profile) -> list[str]:
         return []
     how = (f"{_size(lb['link_bytes'])} all pairs at once: {lb['drained_s'] * 1e3:.2f} ms back to "
            f"back, {lb['fresh_s'] * 1e3:.2f} ms after {lb['pause_s'] * 1e3:.0f} ms idle")
-    busy = (["  link burst: measured on a busy host (disturbed in every attempt): a token bucket "
-             "may be missed or undersized; profile again on a quiet host"]
-            if lb.get("disturbed") else [])
+    busy = [f"  link burst: {w}"] if (w := busy_burst_warning(prof)) else []
     if not lb["bytes"]:
         return [f"  link burst: none ({how})"] + busy
     return [f"  link burst: {_size(lb['bytes'])} pass at the medium's speed after an idle pause "
             f"(a token bucket; {how}; link {1e-9 / lb['link_s_per_byte']:.3f} GB/s); the "
             "algorithm runs start on an idle link and the model credits every call the burst"] + busy
+
+
+def busy_burst_warning(prof: Profile) -> str | None:
+    """What to say when a busy host disturbed every measurement of the link's burst
+    (``link_burst.disturbed``, profiler.measure_burst); None otherwise."""
+    lb = prof.link_burst
+    if not lb.get("disturbed"):
+        return None
+    return (f"measured on a busy host (disturbed in every attempt, found {_size(lb['bytes'])}): "
+            "a token bucket on the link may be missed or undersized (docs/PROFILES.md, 'Runs'); "
+            "profile again on a quiet host")
 
 
 def _size(b: float) -> str:

@@ -15,6 +15,7 @@ import argparse
 import json
 import math
 from collections import defaultdict
+from statistics import geometric_mean
 
 from autotune.profile import Profile
 from autotune.selector import Selector
@@ -28,8 +29,8 @@ def load_points(paths):
         for r in json.load(open(p))["rows"]:
             if r.get("median_s"):
                 seen[(r["n"], r["P"], r["density"])][r["algorithm"]].append(r["median_s"])
-    return defaultdict(dict, {k: {a: math.exp(sum(map(math.log, v)) / len(v))
-                                  for a, v in by.items()} for k, by in seen.items()})
+    return defaultdict(dict, {k: {a: geometric_mean(v) for a, v in by.items()}
+                              for k, by in seen.items()})
 
 
 def evaluate(profile: dict, points, *, exclude=(), other=None):
@@ -64,8 +65,7 @@ def evaluate(profile: dict, points, *, exclude=(), other=None):
             regrets[s].append(r)
             row[s] = (a, r)
         rows.append(row)
-    summary = {s: (math.exp(sum(map(math.log, v)) / len(v)), max(v), len(v))
-               for s, v in regrets.items() if v}
+    summary = {s: (geometric_mean(v), max(v), len(v)) for s, v in regrets.items() if v}
     return rows, summary
 
 
@@ -176,7 +176,7 @@ def cross_validate(base: dict, paths, baseline: str = "nccl"):
                 if s in row:
                     regrets[s].append(row[s][1])
         all_rows += got
-    summary = {s: (math.exp(sum(map(math.log, v)) / len(v)), max(v), len(v)) for s, v in regrets.items()}
+    summary = {s: (geometric_mean(v), max(v), len(v)) for s, v in regrets.items()}
     return all_rows, summary
 
 

@@ -235,11 +235,6 @@ def run_profile(comm, *, plan_name: str = "quick", device: str = "cpu", network:
         if burst_here:
             burst = measure_burst(comm, xp=xp, p2p=prims["p2p"], **plan.get("burst", {}))
             progress.step("burst")
-            if comm.rank == 0 and burst.get("disturbed"):
-                print("\nautotune profile: warning: a busy host disturbed the measurement of the "
-                      f"link's burst in every attempt (found {burst['bytes'] / 2**20:.2f} MiB): "
-                      "a token bucket on the link may be missed or undersized (docs/PROFILES.md, "
-                      "'Runs'); profile on a quiet host", file=sys.stderr, flush=True)
         gap_s = idle_gap(burst)
         t1 = time.perf_counter()
         runs, skipped = measure_algorithms(comm, plan, names=names, xp=xp, sync=sync,
@@ -322,12 +317,14 @@ def main(args) -> int:
         return 2
     if comm.rank == 0:
         path = prof.save(out)
-        from ..report import summary_lines
+        from ..report import busy_burst_warning, summary_lines
 
         if not args.quiet:
             print("\n".join(summary_lines(prof)))
         el = prof.settings["elapsed_s"]["total"]
         print(f"wrote {path} ({path.stat().st_size / 1024:.0f} KiB) in {el:.1f} s")
+        if warning := busy_burst_warning(prof):
+            print(f"autotune profile: warning: the link's burst was {warning}", file=sys.stderr)
         if comm.size == 2:
             print("autotune profile: note: two ranks time one process count, so how times grow "
                   "with P comes from the paper's formulas alone, not from runs (docs/BENCHMARKS.md, "

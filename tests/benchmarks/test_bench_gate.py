@@ -21,9 +21,10 @@ limit that CI's 2-core VMs keep.  On 2026-11-29's Intel VM, unchanged
 compares (8 runs, no retries) read 0.98-1.04 (threshold_select) and 0.85-1.21
 (gtopk); the 2.5x slowdown read 1.81-2.42 (6 runs).  How small a slowdown
 the default +15% catches is a property of the machine, measured and kept in
-docs/BENCHMARKS.md ("Performance regression tracking"), not asserted here: at +15% a 30% slowdown of these two
-failed in every one of 9 runs on 2026-11-27's AMD EPYC VM, and went unseen in
-1 of 5 runs (plus once in CI) on 2026-11-29's Intel Xeon VM.
+docs/BENCHMARKS.md ("Performance regression tracking"), not asserted here: at
++15% a 30% slowdown of these two failed in every one of 9 runs on 2026-11-27's
+AMD EPYC VM, and went unseen in 1 of 5 runs (plus once in CI) on 2026-11-29's
+Intel Xeon VM.
 
 Noise, and the default threshold chosen from it.  Measured on the 2-core CPU
 machine (AMD EPYC family 25 model 17 under KVM, Python 3.11, Open MPI 5 from the
