@@ -32,7 +32,7 @@ PLANS = {
     "quick": dict(
         log2_bytes=list(range(2, 23)), prim_warmup=2, prim_repeat=15, prim_budget_s=0.3,
         algo_log2n=[12, 14, 16, 18, 20], densities=[0.01], algo_warmup=3, algo_repeat=5,
-        algo_budget_s=0.3, odd_process_counts=True, compute_log2n=[12, 14, 16, 18, 20],
+        algo_budget_s=0.3, odd_process_counts=True, compute_log2n=[12, 14, 16, 18, 20, 22],
         compute_repeat=5, xi_steps=40, xi_every=4, xi_densities=[0.001, 0.01, 0.05, 0.1]),
     "full": dict(
         log2_bytes=list(range(2, 27)), half_octaves=True, prim_warmup=3, prim_repeat=11,
