@@ -28,8 +28,11 @@ sizes, and with it added a sparse algorithm predicted 9x faster than dense
 over a slow link could not win (regret 13-16, BENCHMARKS "Selector regret").
 The reference is the exact one with the lowest upper bound, except on a CPU profile far beyond
 the sampled sizes, where it is dense (Rabenseifner): there host MPI's
-allreduce switches to algorithms its model does not know.  Only P far
-beyond the runs, at sampled sizes, gives MPI no such reason.
+allreduce switches to algorithms its model does not know, so its prediction
+has no bound and it cannot clearly win either (from P = 4 profiles its pick
+at P = 3, n = 6.6-7.3M in shared memory was 1.6-1.9x slower than dense's,
+BENCHMARKS "Selector regret").  Only P far beyond the runs, at sampled sizes,
+gives MPI no such reason.
 ``Decision.explain`` shows the errors and bounds and says so.
 """
 from __future__ import annotations
@@ -39,7 +42,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from collectives import ALGORITHMS
+from collectives import ALGORITHMS, BACKENDS
 
 from . import costmodel
 from .profile import Profile
@@ -84,7 +87,8 @@ class Decision:
             lines.append(f"robust choice: far beyond the runs of {fastest} (predicted fastest), "
                          f"the reference exact algorithm unless another's upper bound is "
                          f"below its lower one (where only P is far: bounds from the error's "
-                         f"growth in P)")
+                         f"growth in P; where n is far on a CPU, dense is the reference and "
+                         f"host MPI's allreduce has no bound)")
         if self.note:
             lines.append(self.note)
         return "\n".join(lines)
@@ -155,6 +159,7 @@ class Selector:
         # host MPI: beyond the sampled sizes the native allreduce switches algorithms its
         # model does not know (BENCHMARKS, "Fresh large buffers"); Rabenseifner is the reference
         self.host = profile.device == "cpu"
+        self.native = BACKENDS[profile.backend or "mpi"].native if self.host else None
         self.machine = costmodel.Machine.from_profile(profile)
         runs = list(profile.runs if runs is None else runs)
         self.algorithms = [a for a in (algorithms or default_algorithms(profile)) if a in ALGORITHMS]
@@ -241,17 +246,21 @@ class Selector:
         the exact one with the lowest upper end of its error band) unless another
         algorithm clearly wins: its prediction x exp(``band``) lies below the
         reference's prediction x exp(-``band``); the lowest such of those that do (of
-        all, by upper end, without an exact candidate).  ``band``: per algorithm, the
-        log error a win is judged with (default ``err``; ``choose`` passes the error's
-        growth in P where only P is far)."""
+        all, by upper end, without an exact candidate).  Host MPI's own allreduce
+        never clearly wins where n is far (its prediction has no bound there: see
+        the module docstring).  ``band``: per algorithm, the log error a win is
+        judged with (default ``err``; ``choose`` passes the error's growth in P
+        where only P is far)."""
         upper = {a: pred[a] * math.exp(err[a]) for a in cands}
         exact = [a for a in cands if not _lossy(a)]
         if not exact:
             return min(cands, key=lambda a: (upper[a], a))
-        ref = ("dense" if self.host and far_n and "dense" in exact
-               else min(exact, key=lambda a: (upper[a], a)))
+        far_host = self.host and far_n and "dense" in exact
+        ref = "dense" if far_host else min(exact, key=lambda a: (upper[a], a))
         band = err if band is None else band
         high = {a: pred[a] * math.exp(band[a]) for a in cands}
+        if far_host and self.native in high:
+            high[self.native] = math.inf
         wins = [a for a in cands if high[a] < pred[ref] * math.exp(-band[ref])]
         return min(wins, key=lambda a: (high[a], a)) if wins else ref
 

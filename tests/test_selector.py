@@ -407,8 +407,9 @@ def test_runs_at_one_P_take_the_law_from_the_network_label(slow):
 def test_runs_at_one_P_pool_the_error_per_octave_and_robust_reference(slow):
     """With runs at one P every algorithm's error per octave of P is the median of
     their in-range errors; the robust choice far beyond the runs keeps dense on a
-    CPU profile only when n is far (host MPI's unknown algorithm switch), else the
-    exact algorithm with the lowest upper bound."""
+    CPU profile only when n is far (host MPI's unknown algorithm switch: its allreduce
+    cannot clearly win there either), else the exact algorithm with the lowest upper
+    bound."""
     prof = _one_host(slow, "tcp-1gbit")
     bare = costmodel.Machine.from_profile({**prof, "runs": []})
     rng = np.random.default_rng(1)
@@ -425,6 +426,16 @@ def test_runs_at_one_P_pool_the_error_per_octave_and_robust_reference(slow):
     pred, err = {"dense": 1.0, "mpi": 0.9}, {"dense": 0.2, "mpi": 0.1}
     assert sel._robust_choice(["dense", "mpi"], pred, err, far_n=True) == "dense"
     assert sel._robust_choice(["dense", "mpi"], pred, err, far_n=False) == "mpi"
+    # where n is far, host MPI's allreduce has no bound: however fast it is predicted, it
+    # does not clearly win against dense (a sparse algorithm still can); where only P is
+    # far, it can
+    pred = {"dense": 1.0, "mpi": 0.1, "topka": 0.1}
+    err = {"dense": 0.2, "mpi": 0.1, "topka": 0.1}
+    assert sel.native == "mpi"
+    assert sel._robust_choice(["dense", "mpi"], pred, err, far_n=True) == "dense"
+    assert sel._robust_choice(["dense", "mpi", "topka"], pred, err, far_n=True) == "topka"
+    assert sel._robust_choice(["dense", "mpi"], pred, err, far_n=False,
+                              band={"dense": 0.2, "mpi": 0.1}) == "mpi"
     d = sel.choose(1 << 16, 16, 0.01, candidates=["dense", "mpi"])  # only P is far
     assert d.robust and d.algorithm == min(d.predicted_s, key=d.upper_s)
     # a win is judged with the band given (choose: the error's growth in P where only P
