@@ -7,8 +7,12 @@ log(measured / predicted) per algorithm, so the prediction extrapolates in n
 and P through the model's terms rather than through the trees.  Behind a
 shaped link it also sees how much of a call's bandwidth time the link's burst
 covers, so a residual of calls past the bucket is not carried to calls within
-it.  Outside the range of the training data the correction fades out (the
-decision says so) and the cost model decides.  Same profile in, same decisions out.
+it.  Beyond the process counts (and densities) of an algorithm's runs its
+correction fades out and the cost model decides; beyond their sizes it goes on
+as the trees give it at the nearest size run: the model's terms carry the
+growth in n, and what they miss at the largest runs (Ok-Topk at P = 3 and
+2^20 on a 2-core host: 0.74x its time) they miss beyond them too.  Decisions
+outside the runs say so.  Same profile in, same decisions out.
 
 Every prediction carries an error estimate from cross-validation on the
 profile's runs (``costmodel.heldout_errors``): each algorithm's held-out error
@@ -73,7 +77,8 @@ class Decision:
 
     def explain(self) -> str:
         lines = [f"n={self.n} P={self.P} density={self.density:g}"
-                 + ("" if self.in_domain else "  (outside the measured range: cost model leads)"),
+                 + ("" if self.in_domain else "  (outside the measured range: the learned "
+                                                "correction fades beyond its process counts)"),
                  f"{'algorithm':12s} {'cost model':>12s} {'learned':>12s} {'error':>7s}"
                  f" {'upper':>12s}"]
         for a in sorted(self.predicted_s, key=self.predicted_s.get):
@@ -203,13 +208,15 @@ class Selector:
     def _model(self, algo, n, P, density):
         return max(costmodel.predict(self.machine, algo, n, P, _dens(algo, density)), 1e-9)
 
-    def _outside(self, n, P, density, algo: str | None = None) -> float:
+    def _outside(self, n, P, density, algo: str | None = None, *, sizes: bool = True) -> float:
         """How far (in log2 units of n and P, decades of density) the point lies
-        outside the runs (of ``algo``, if given and run; else of all algorithms)."""
+        outside the runs (of ``algo``, if given and run; else of all algorithms);
+        ``sizes=False``: in P and density only."""
         if self.domain is None:
             return math.inf
         lo, hi = self.domains.get(algo, self.domain)
-        return float(np.sum(_gap(lo, hi, np.array(_point(algo, n, P, density)))))
+        gap = _gap(lo, hi, np.array(_point(algo, n, P, density)))
+        return float(np.sum(gap if sizes else gap[1:]))
 
     def predict(self, algo: str, n: int, P: int, density: float) -> tuple[float, float]:
         """(learned prediction, bare cost-model prediction) in seconds."""
@@ -218,8 +225,8 @@ class Selector:
             return m, m
         x = _features(self.algorithms, algo, n, P, density, m, self._burst(algo, n, P, density))
         corr = float(self.model.predict(np.asarray([x]))[0])
-        # 1 inside the algorithm's runs, -> 0 far outside
-        fade = math.exp(-self._outside(n, P, _dens(algo, density), algo))
+        # 1 at the process counts of the algorithm's runs, -> 0 far outside them
+        fade = math.exp(-self._outside(n, P, _dens(algo, density), algo, sizes=False))
         return m * math.exp(corr * fade), m
 
     def _beyond(self, algo: str, n: int, P: int) -> tuple[float, float]:
