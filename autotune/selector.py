@@ -10,9 +10,9 @@ covers, so a residual of calls past the bucket is not carried to calls within
 it.  Beyond the process counts (and densities) of an algorithm's runs its
 correction fades out and the cost model decides; beyond their sizes it goes on
 as the trees give it at the nearest size run: the model's terms carry the
-growth in n, and what they miss at the largest runs (Ok-Topk at P = 3 and
-2^20 on a 2-core host: 0.74x its time) they miss beyond them too.  Decisions
-outside the runs say so.  Same profile in, same decisions out.
+growth in n, and what they miss at the largest runs (Ok-Topk at P = 3 on a
+2-core host, BENCHMARKS "Selector regret") they miss beyond them too.
+Decisions outside the runs say so.  Same profile in, same decisions out.
 
 Every prediction carries an error estimate from cross-validation on the
 profile's runs (``costmodel.heldout_errors``): each algorithm's held-out error
@@ -33,10 +33,9 @@ over a slow link could not win (regret 13-16, BENCHMARKS "Selector regret").
 The reference is the exact one with the lowest upper bound, except on a CPU profile far beyond
 the sampled sizes, where it is dense (Rabenseifner): there host MPI's
 allreduce switches to algorithms its model does not know, so its prediction
-has no bound and it cannot clearly win either (from P = 4 profiles its pick
-at P = 3, n = 6.6-7.3M in shared memory was 1.6-1.9x slower than dense's,
-BENCHMARKS "Selector regret").  Only P far beyond the runs, at sampled sizes,
-gives MPI no such reason.
+has no bound and it cannot clearly win either (BENCHMARKS "Selector
+regret").  Only P far beyond the runs, at sampled sizes, gives MPI no such
+reason.
 ``Decision.explain`` shows the errors and bounds and says so.
 """
 from __future__ import annotations
