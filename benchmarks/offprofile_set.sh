@@ -8,21 +8,22 @@
 #
 # Writes DIR/NAME_prof{2,4}_{shm,slow}_p{2,4}.json and DIR/NAME{a,b}_{shm,slowgap}_p{3,6,8}.json.
 # Needs root (`ip netns`, `tc`); run it on a quiet host, from the repository root, with the
-# venv at .venv (AUTOTUNE to use another `autotune` command).
+# venv at .venv (AUTOTUNE / PYTHON to use others). The namespace and the ranks' MPI settings
+# are benchmarks/scaling.py's (`setup_netns`, `SLOW_MPI_ENV`), as for the scaling study.
 set -euo pipefail
 : "${NAME:?set NAME}" "${SIZES:?set SIZES}" "${OUT:?set OUT}"
 SHM_EXTRA=${SHM_EXTRA:-}
 AUTOTUNE=${AUTOTUNE:-$PWD/.venv/bin/autotune}
+PYTHON=${PYTHON:-$PWD/.venv/bin/python}
 NS=${NS:-offprofile_$$}
 mkdir -p "$OUT"
 
-ip netns add "$NS"
-trap 'ip netns del "$NS" 2>/dev/null || true' EXIT
-ip netns exec "$NS" ip link set lo up
-ip netns exec "$NS" tc qdisc add dev lo root tbf rate 1gbit burst 1mb latency 500ms
-slow() {
-  ip netns exec "$NS" env OMPI_MCA_btl=tcp,self OMPI_MCA_btl_tcp_if_include=lo OMPI_MCA_pml=ob1 "$@"
-}
+netns() { "$PYTHON" -c "import sys, benchmarks.scaling as s; s.${1}_netns(sys.argv[1])" "$NS"; }
+netns setup
+trap 'netns teardown' EXIT
+read -r -a MPI_ENV < <("$PYTHON" -c \
+  "from benchmarks.scaling import SLOW_MPI_ENV as e; print(*(f'{k}={v}' for k, v in e.items()))")
+slow() { ip netns exec "$NS" env "${MPI_ENV[@]}" "$@"; }
 
 for P in 2 4; do
   "$AUTOTUNE" launch -n $P -m autotune.cli profile --quick --network shm \
