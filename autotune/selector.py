@@ -14,6 +14,16 @@ growth in n, and what they miss at the largest runs (Ok-Topk at P = 3 on a
 2-core host, BENCHMARKS "Selector regret") they miss beyond them too.
 Decisions outside the runs say so.  Same profile in, same decisions out.
 
+Between two sizes of a lossless algorithm's runs its correction is the one at
+the lower size (``Selector.anchor``), not the trees' split halfway: an MPI
+library switches its allreduce algorithm at message-size thresholds (``size
+< T``, T a power of two in bytes), which the profile's sizes (powers of two)
+land on, so the run at T already shows the new regime and every size below it
+belongs to the old one (host MPI at P = 3 behind the 1 Gbit/s link: fastest
+up to 48K, 1.2-2x slower from 65536; BENCHMARKS "Selector regret").  A sparse
+algorithm's messages are k-sized: its thresholds fall between the runs' sizes,
+and the trees' split stands.
+
 Every prediction carries an error estimate from cross-validation on the
 profile's runs (``costmodel.heldout_errors``): each algorithm's held-out error
 in range, grown with the distance beyond its runs (per octave of P from the
@@ -180,10 +190,12 @@ class Selector:
             pooled = float(np.median(inside)) if inside else math.nan
             self.errors = {a: (e[0], pooled, e[2]) for a, e in self.errors.items()}
         self.domains: dict = {}
+        self.sizes: dict = {}  # algorithm -> its runs' sizes, ascending (``anchor``)
         for a in {r["algorithm"] for r in runs}:
             q = np.array([_point(a, r["n"], r["P"], r["density"]) for r in runs
                           if r["algorithm"] == a])
             self.domains[a] = (q.min(axis=0), q.max(axis=0))
+            self.sizes[a] = sorted({int(r["n"]) for r in runs if r["algorithm"] == a})
         if learn and len(runs) >= 8:
             from sklearn.ensemble import GradientBoostingRegressor
 
@@ -217,12 +229,25 @@ class Selector:
         gap = _gap(lo, hi, np.array(_point(algo, n, P, density)))
         return float(np.sum(gap if sizes else gap[1:]))
 
+    def anchor(self, algo: str, n: int) -> int:
+        """The size whose learned correction applies at n: for a lossless algorithm
+        within its runs' sizes, the largest run size <= n (see the module
+        docstring); else n itself."""
+        sizes = self.sizes.get(algo)
+        if not sizes or _lossy(algo) or not sizes[0] <= n <= sizes[-1]:
+            return n
+        return sizes[int(np.searchsorted(sizes, n, side="right")) - 1]
+
     def predict(self, algo: str, n: int, P: int, density: float) -> tuple[float, float]:
-        """(learned prediction, bare cost-model prediction) in seconds."""
+        """(learned prediction, bare cost-model prediction) in seconds: the model's
+        time at n with the correction learned at ``anchor(algo, n)``."""
         m = self._model(algo, n, P, density)
         if self.model is None:
             return m, m
-        x = _features(self.algorithms, algo, n, P, density, m, self._burst(algo, n, P, density))
+        q = self.anchor(algo, n)
+        x = _features(self.algorithms, algo, q, P, density,
+                      m if q == n else self._model(algo, q, P, density),
+                      self._burst(algo, q, P, density))
         corr = float(self.model.predict(np.asarray([x]))[0])
         # 1 at the process counts of the algorithm's runs, -> 0 far outside them
         fade = math.exp(-self._outside(n, P, _dens(algo, density), algo, sizes=False))

@@ -245,6 +245,36 @@ def test_learned_correction_fades_per_algorithm(slow):
     assert abs(math.log(learned / model)) < math.log(1.5)  # beyond its P: the model leads
 
 
+def test_lossless_corrections_between_sizes_are_the_lower_sizes(slow):
+    """Host MPI that switches algorithm at a sampled size (fast below 65536, slow
+    from it): between the runs at 16384 and 65536 the correction is the one at
+    16384, so the selector keeps it where the trees' halfway split would not;
+    a lossy algorithm's correction is left as the trees give it."""
+    import copy
+
+    prof = copy.deepcopy(slow)
+    bare = costmodel.Machine.from_profile({**prof, "runs": []})
+    step = 1 << 16
+
+    def truth(a, n, P):
+        t = costmodel.predict(bare, "dense", n, P)
+        return t * (0.6 if n < step else 2.0) if a == "mpi" else t
+
+    prof["runs"] = [{"algorithm": a, "n": 1 << e, "P": P, "density": None,
+                     "times_s": [truth(a, 1 << e, P)], "median_s": truth(a, 1 << e, P)}
+                    for a in ("dense", "mpi") for P in (2, 3, 4) for e in (12, 14, 16, 18, 20)]
+    sel = Selector(prof, algorithms=["dense", "mpi", "oktopk"])
+    assert sel.anchor("mpi", 48011) == 1 << 14 and sel.anchor("mpi", step) == step
+    assert sel.anchor("mpi", 3001) == 3001 and sel.anchor("mpi", 1 << 21) == 1 << 21  # outside
+    assert sel.anchor("oktopk", 48011) == 48011
+    for n in (20011, 48011, 61001):
+        assert sel.choose(n, 3, candidates=["dense", "mpi"]).algorithm == "mpi", n
+    for n in (70001, 250007):
+        assert sel.choose(n, 3, candidates=["dense", "mpi"]).algorithm == "dense", n
+    learned, model = sel.predict("mpi", 48011, 3, 0.01)
+    assert learned / truth("mpi", 48011, 3) == pytest.approx(1.0, rel=0.15)
+
+
 def _synthetic_runs(machine, truth, Ps=(2, 3, 4), exps=(12, 16, 20)):
     """Runs timed as ``truth(algo, n, P)`` for dense and oktopk."""
     return [{"algorithm": a, "n": 1 << e, "P": P, "density": 0.01,
