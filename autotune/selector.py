@@ -192,10 +192,10 @@ class Selector:
         self.domains: dict = {}
         self.sizes: dict = {}  # algorithm -> its runs' sizes, ascending (``anchor``)
         for a in {r["algorithm"] for r in runs}:
-            q = np.array([_point(a, r["n"], r["P"], r["density"]) for r in runs
-                          if r["algorithm"] == a])
+            mine = [r for r in runs if r["algorithm"] == a]
+            q = np.array([_point(a, r["n"], r["P"], r["density"]) for r in mine])
             self.domains[a] = (q.min(axis=0), q.max(axis=0))
-            self.sizes[a] = sorted({int(r["n"]) for r in runs if r["algorithm"] == a})
+            self.sizes[a] = sorted({int(r["n"]) for r in mine})
         if learn and len(runs) >= 8:
             from sklearn.ensemble import GradientBoostingRegressor
 
