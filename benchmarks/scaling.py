@@ -11,6 +11,8 @@ Subcommands (outside MPI; ``measure`` launches the ranks itself):
         --log2n 18,20 --repeat 3 --warmup 1 --profile-np 2 --out scaling_slow.json
     # the cost model on every measured point (profile: --profile, else the embedded one)
     python -m benchmarks.scaling model scaling_plain.json scaling_slow.json --max-P 8
+    # the model error's noise floor: sweeps of the same points scored against each other
+    python -m benchmarks.scaling noise scaling8_plain.json scaling9_plain.json ... --max-P 8
     # Piz Daint projection for the paper's models, P = 16..256, with an error band
     python -m benchmarks.scaling project --band-from profile.json
     # PNGs (docs/img/scaling_*.png; the projection with its band) and the markdown tables
@@ -319,6 +321,24 @@ def error_summary(errs) -> dict:
     return out
 
 
+def sweep_noise(results, *, max_P: int | None = None) -> list[float]:
+    """The model error's noise floor: for every pair of sweeps, the median over
+    the points both measured (up to ``max_P``) of |t_i - t_j| / t_j -- what a
+    model that predicted one sweep exactly would score on the other."""
+    def points(res):
+        return {(r["algorithm"], int(r["n"]), int(r["P"])): float(r["median_s"])
+                for r in res["rows"] if r["algorithm"] in ALGORITHMS
+                and (not max_P or int(r["P"]) <= max_P)}
+    sweeps = [points(res) for res in results]
+    out = []
+    for i, a in enumerate(sweeps):
+        for b in sweeps[i + 1:]:
+            common = sorted(a.keys() & b.keys())
+            if common:
+                out.append(float(np.median([abs(a[k] - b[k]) / b[k] for k in common])))
+    return out
+
+
 def _profile_for(res: dict, override: dict | None) -> dict:
     prof = override if override is not None else res.get("profile")
     if prof is None:
@@ -545,6 +565,9 @@ def main(argv=None) -> int:
         if name == "model":
             s.add_argument("--points", action="store_true", help="also print every point")
             s.add_argument("--max-P", type=int, help="only the points up to this P")
+    q = sub.add_parser("noise", help="the model error's noise floor: sweeps against each other")
+    q.add_argument("results", nargs="+", help="measure's JSON files (two or more)")
+    q.add_argument("--max-P", type=int, help="only the points up to this P")
     p = sub.add_parser("project", help="Piz Daint projection of the paper's models, P=16..256")
     p.add_argument("--daint", default=DAINT, help="profile for the projection")
     p.add_argument("--json", help="also write the projection here")
@@ -582,6 +605,13 @@ def main(argv=None) -> int:
         return 0 if res["rows"] else 1
 
     results = [load_results(f) for f in getattr(args, "results", [])]
+    if args.cmd == "noise":
+        pairs = sweep_noise(results, max_P=args.max_P)
+        if not pairs:
+            ap.error("noise needs two or more sweeps with points in common")
+        print(f"{len(pairs)} pairs of sweeps: median |t_i - t_j| / t_j {100 * np.median(pairs):.1f}% "
+              f"(per pair {100 * min(pairs):.1f}-{100 * max(pairs):.1f}%)")
+        return 0
     override = _load_profile_file(args.profile) if getattr(args, "profile", None) else None
     daint = _load_profile_file(args.daint)
     if args.cmd == "project":

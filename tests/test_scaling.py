@@ -91,6 +91,19 @@ def test_model_errors_are_against_the_measured_numbers():
         costmodel.predict(t1, e["algorithm"], e["n"], e["P"], 0.01))
 
 
+def test_sweep_noise_scores_sweeps_against_each_other():
+    """The noise floor of the model error: a sweep 10% slower than another at every
+    point differs from it by 0.1 (median over the common points, up to max_P)."""
+    rows = _synthetic_rows({"dense": 1.0, "oktopk": 0.5})
+    slower = [dict(r, median_s=1.1 * r["median_s"]) for r in rows]
+    mixed = [dict(r, median_s=r["median_s"] * (2.0 if r["P"] > 4 else 1.0)) for r in rows]
+    res = [{"rows": rows}, {"rows": slower}, {"rows": mixed}]
+    got = scaling.sweep_noise(res)
+    assert got[0] == pytest.approx(0.1 / 1.1) and len(got) == 3
+    assert scaling.sweep_noise(res[::2], max_P=4) == [0.0]
+    assert scaling.sweep_noise(res[:1]) == []
+
+
 def _result(rows, network="plain", profile=SHM):
     return {"study": "scaling", "network": network, "density": 0.01, "cores": 2,
             "started": "2026-11-26T00:00:00Z", "loadavg_start": [1.0, 1.0, 1.0],
