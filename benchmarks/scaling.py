@@ -279,6 +279,11 @@ def load_results(path) -> dict:
     return res
 
 
+def scored_rows(rows, max_P: int | None = None) -> list[dict]:
+    """The measured rows a model can be scored on: registered algorithms, up to ``max_P``."""
+    return [r for r in rows if r["algorithm"] in ALGORITHMS and not (max_P and int(r["P"]) > max_P)]
+
+
 def model_errors(rows, prof: dict, *, max_P: int | None = None) -> list[dict]:
     """Per measured row (up to ``max_P``): the cost model's prediction with
     Table 1's terms alone and fitted to the profile's runs, the relative errors
@@ -290,10 +295,8 @@ def model_errors(rows, prof: dict, *, max_P: int | None = None) -> list[dict]:
     fitted = sel.machine if sel else machine_at(prof)  # one fit of the profile
     table1 = machine_at(prof, runs=False)
     out = []
-    for r in rows:
+    for r in scored_rows(rows, max_P):
         a, P = r["algorithm"], int(r["P"])
-        if a not in ALGORITHMS or (max_P and P > max_P):
-            continue
         meas = float(r["median_s"])
         p_fit = costmodel.predict(fitted, a, r["n"], P, r["density"])
         p_t1 = costmodel.predict(table1, a, r["n"], P, r["density"])
@@ -325,11 +328,8 @@ def sweep_noise(results, *, max_P: int | None = None) -> list[float]:
     """The model error's noise floor: for every pair of sweeps, the median over
     the points both measured (up to ``max_P``) of |t_i - t_j| / t_j -- what a
     model that predicted one sweep exactly would score on the other."""
-    def points(res):
-        return {(r["algorithm"], int(r["n"]), int(r["P"])): float(r["median_s"])
-                for r in res["rows"] if r["algorithm"] in ALGORITHMS
-                and (not max_P or int(r["P"]) <= max_P)}
-    sweeps = [points(res) for res in results]
+    sweeps = [{(r["algorithm"], int(r["n"]), int(r["P"])): float(r["median_s"])
+               for r in scored_rows(res["rows"], max_P)} for res in results]
     out = []
     for i, a in enumerate(sweeps):
         for b in sweeps[i + 1:]:
