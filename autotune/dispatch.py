@@ -153,7 +153,9 @@ def _profile_digest(data) -> int:
 
 def _agree_setup(comm, profile) -> None:
     """Load the profile (rank 0) and agree on it in one allgather; every rank
-    raises the same error or every rank goes on."""
+    raises the same error or every rank goes on.  Rank 0 builds its selector
+    (the costly part: fits) only once every rank has agreed, and tells every
+    rank whether that failed."""
     from .profile import Profile, ProfileError, migrate
 
     prof = selector = error = None
@@ -162,11 +164,9 @@ def _agree_setup(comm, profile) -> None:
         try:
             if comm.rank == 0:
                 from .profile import local_fingerprint
-                from .selector import Selector
 
                 prof = profile if isinstance(profile, Profile) else Profile.load(
                     profile, current=local_fingerprint())
-                selector = Selector(prof)
                 digest = _profile_digest(prof.data)
             elif isinstance(profile, Profile):
                 digest = _profile_digest(profile.data)
@@ -193,6 +193,19 @@ def _agree_setup(comm, profile) -> None:
     if differ:
         raise ValueError(f"autotune.init: the profile differs from rank 0's on rank(s) {differ} "
                          f"(this rank: {profile})")
+    if table[0, 0]:
+        failed = None
+        if comm.rank == 0:
+            from .selector import Selector
+
+            try:
+                selector = Selector(prof)
+            except Exception as e:  # noqa: BLE001 -- raised on every rank, below
+                failed = (str(prof.path), f"no selector could be built from it: "
+                                          f"{type(e).__name__}: {e}")
+        failed = comm.bcast_obj(failed, 0) if comm.size > 1 else failed
+        if failed:
+            raise ProfileError(*failed)
     if prof is not None:
         _CTX.use_profile(prof, selector)
         if prof.foreign and prof.path not in _WARNED:

@@ -187,6 +187,21 @@ def cases(rng, tmp: Path):
         assert len(set(W.allgather(out.tobytes()))) == 1
         return 1
     yield "profile on rank 0 only", profile_on_rank0_only
+
+    def selector_fails_on_rank0():
+        # the profile loads and agrees everywhere; building rank 0's selector raises
+        import autotune.selector as sel
+
+        def broken(self, *a, **kw):
+            raise RuntimeError("a fit failed")
+        real = sel.Selector.__init__
+        sel.Selector.__init__ = broken if R == 0 else real
+        try:
+            return raises_everywhere(lambda: autotune.init(profile=GOOD),
+                                     match="no selector could be built")
+        finally:
+            sel.Selector.__init__ = real
+    yield "selector fails on rank 0", selector_fails_on_rank0
     yield "options differ", lambda: raises_everywhere(
         lambda: autotune.init(options={"oktopk": {"tau": _bad(8, 16)}}), match="differ")
     yield "options unknown algorithm", lambda: raises_everywhere(
@@ -211,10 +226,12 @@ def cases(rng, tmp: Path):
         return raises_everywhere(lambda: sgd.synchronize([("w", x.copy())]), match="algorithm")
     yield "SparseSGD warm-up differs", sgd_warmup_differs
 
-    try:
-        import torch
-    except ImportError:
-        torch = None
+    torch = None
+    if P <= 3:  # the torch cases: importing torch takes 3 s of CPU per rank
+        try:
+            import torch
+        except ImportError:
+            pass
     if torch is not None:
         import autotune.torch as at
 
