@@ -57,7 +57,7 @@ from pathlib import Path
 import numpy as np
 
 from autotune import costmodel
-from autotune.launch import cores, mpiexec_argv
+from autotune.launch import cores, mpiexec_argv, one_host_env
 from autotune.profile import Profile
 from collectives import ALGORITHMS
 
@@ -159,7 +159,7 @@ def measure(*, network: str, nps, sizes, density: float, repeat: int, warmup: in
             profile_max_bytes: str | None = None, profile_share: float = 0.4,
             mpiexec: str | None = None, netns: str | None = None) -> dict:
     """Launch one bench sweep per P and merge the rows into one result dict (written to ``out``)."""
-    env = {**os.environ, **SLOW_MPI_ENV} if network == "slow" else None
+    env = one_host_env({**os.environ, **SLOW_MPI_ENV} if network == "slow" else None)
     t_start = time.perf_counter()
     result = {
         "study": "scaling", "network": network, "density": density, "sizes": list(sizes),

@@ -142,7 +142,7 @@ def main(argv=None) -> int:
     ap.add_argument("--np", help="outside MPI: comma-separated process counts to launch")
     args = ap.parse_args(argv)
 
-    from autotune.launch import mpiexec_argv, under_mpi
+    from autotune.launch import mpiexec_argv, one_host_env, under_mpi
 
     if args.np and not under_mpi():
         rows = []
@@ -156,7 +156,7 @@ def main(argv=None) -> int:
                 rest = [a for a in rest if not a.startswith("--np=")]
                 cmd = mpiexec_argv(p, [sys.executable, "-m", "benchmarks.traffic",
                                        *rest, "--json", out])
-                rc = subprocess.call(cmd)
+                rc = subprocess.call(cmd, env=one_host_env())
                 if rc:
                     return rc
                 with open(out) as f:

@@ -65,7 +65,7 @@ import autotune
 import autotune.torch as at
 import collectives
 import profiles
-from autotune.launch import mpiexec_argv
+from autotune.launch import mpiexec_argv, one_host_env
 from benchmarks import NCCL_SOCKETS_ENV, NVLS_OFF_ENV
 
 NETWORK_ENV = {"nvlink": {}, "cpu": {}, "sockets": NCCL_SOCKETS_ENV}
@@ -536,7 +536,7 @@ def run(argv) -> int:
         cmd[1:1] = ["--bind-to", "none"]  # a core per rank starves NCCL's proxy threads
         print(f"=== {net}: {' '.join(cmd)}", flush=True)
         t0 = time.perf_counter()
-        code = subprocess.call(cmd, env=clean)
+        code = subprocess.call(cmd, env=one_host_env(clean))
         print(f"=== {net}: exit {code} after {time.perf_counter() - t0:.0f} s", flush=True)
         if code == 0 and path.exists():
             done.append(json.loads(path.read_text()))

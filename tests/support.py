@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.launch import mpiexec_argv
+from autotune.launch import mpiexec_argv, one_host_env
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -17,8 +17,9 @@ ROOT = Path(__file__).resolve().parent.parent
 def run(cmd, *, cwd=ROOT, timeout: float = 60, env=None) -> subprocess.CompletedProcess:
     """``cmd`` with its output captured, in its own process group (mpiexec and its
     ranks with it): past ``timeout`` the whole group is killed and TimeoutExpired
-    raised with the output so far, so no mpiexec or rank outlives a test."""
-    p = subprocess.Popen(cmd, cwd=cwd, env=None if env is None else {**os.environ, **env},
+    raised with the output so far, so no mpiexec or rank outlives a test.  The
+    environment: this one, ``env`` and the launcher's one-host MPI defaults."""
+    p = subprocess.Popen(cmd, cwd=cwd, env=one_host_env({**os.environ, **(env or {})}),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          start_new_session=True)
     try:

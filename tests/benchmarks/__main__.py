@@ -333,7 +333,9 @@ def run_pytest(name: str, args, storage: Path, current: Path, bench: list[str], 
                                         f"--benchmark-json={current}", *bench], args.pytest_args,
                        nodes)
     print(f"\n=== suite {name} ({what}): {shlex.join(argv)}", flush=True)
-    full_env = {**os.environ, **env}
+    from autotune.launch import one_host_env
+
+    full_env = one_host_env({**os.environ, **env})
     for key in [k for k in full_env if k.startswith(("PYTEST_XDIST", "PYTEST_CURRENT"))]:
         del full_env[key]  # timed runs are never an xdist worker (pytest-benchmark disables itself)
     try:

@@ -92,14 +92,14 @@ def dumps(obj, indent: int = 0) -> str:
 
 def run_at(nprocs: int) -> dict:
     """Launch this runner under mpiexec at ``nprocs`` ranks; return its counts."""
-    from autotune.launch import mpiexec_argv
+    from autotune.launch import mpiexec_argv, one_host_env
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "traffic.json"
         argv = mpiexec_argv(nprocs, [sys.executable, "-m", "tests.mpi.traffic_golden",
                                      "--out", str(out)])
         p = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True,
-                           timeout=600)
+                           timeout=600, env=one_host_env())
         if p.returncode != 0:
             raise RuntimeError(f"traffic runner at P={nprocs} exited {p.returncode}:\n"
                                f"{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
