@@ -55,31 +55,46 @@ def _fit_bisquare(X, t):
 def _fit_lms(X, t):
     """Least median of relative errors (Rousseeuw's LMS): the line through two
     points (or one, with one coefficient at 0) that minimises the median
-    relative error, then relative least squares on its inliers."""
+    relative error, then relative least squares on its inliers.  Candidates
+    in order (per point i: its one-coefficient lines, then its pairs (i, j >
+    i)); the first with the smallest median wins."""
     n = len(t)
-    best = (np.inf, None)
+    cands = []  # (candidate coefficients, in order)
     for i in range(n):
         for col in (0, 1):  # one-coefficient candidates
             if X[i, col] > 0:
                 c = np.zeros(2)
                 c[col] = t[i] / X[i, col]
-                med = float(np.median(np.abs(X @ c - t) / t))
-                best = min(best, (med, c), key=lambda b: b[0])
-        for j in range(i + 1, n):
-            try:
-                c = np.linalg.solve(X[[i, j]], t[[i, j]])
-            except np.linalg.LinAlgError:
-                continue
-            if (c < 0).any():
-                continue
-            med = float(np.median(np.abs(X @ c - t) / t))
-            if med < best[0]:
-                best = (med, c)
+                cands.append(c)
+        if i + 1 < n:
+            cands.append(_lines_through(X, t, i))
+    C = np.vstack(cands) if cands else np.zeros((0, 2))
+    C = C[~np.isnan(C).any(axis=1) & ~(C < 0).any(axis=1)]
+    meds = np.median(np.abs(X @ C.T - t[:, None]) / t[:, None], axis=0)
+    best = (float(meds.min()), C[int(np.argmin(meds))]) if C.size else (np.inf, None)
     r = (t - X @ best[1]) / t
     scale = max(1.4826 * (1 + 5 / max(n - 2, 1)) * float(np.sqrt(np.median(r ** 2))), 0.01)
     w = (np.abs(r) <= 2.5 * scale).astype(float)
     coef, cols = _wls(X, t, w, [0, 1])
     return coef, cols, w
+
+
+def _lines_through(X, t, i):
+    """The lines through point i and each later point j (rows, j = i+1..n-1);
+    NaN rows where the two points do not fix one."""
+    j = np.arange(i + 1, len(t))
+    A = np.stack([np.broadcast_to(X[i], (j.size, 2)), X[j]], axis=1)
+    b = np.stack([np.full(j.size, t[i]), t[j]], axis=1)[..., None]
+    try:
+        return np.linalg.solve(A, b)[..., 0]
+    except np.linalg.LinAlgError:  # one pair is singular: each on its own
+        out = np.full((j.size, 2), np.nan)
+        for r in range(j.size):
+            try:
+                out[r] = np.linalg.solve(A[r], b[r, :, 0])
+            except np.linalg.LinAlgError:
+                pass
+        return out
 
 
 def _fit_plain(X, t):
@@ -192,22 +207,34 @@ def _ls(X, t):
     return _wls(X, t, np.ones_like(t), [0, 1])[0]
 
 
-def _segment_fitter(X, t):
-    """``fit(lo, hi, skip)``: relative least squares of sizes [lo, hi) less
-    ``skip`` (None: all), each distinct segment fitted once."""
-    cache: dict = {}
+class _SegmentFits:
+    """Relative least squares of the sizes [lo, hi), each distinct segment
+    fitted once and shared by every split scored: ``full(lo, hi)``, the
+    coefficients on all of them, and ``loo(lo, hi)``, the prediction of
+    each size i in [lo, hi) by the segment refitted without it."""
 
-    def fit(lo, hi, skip):
-        key = (lo, hi, skip)
-        if key not in cache:
-            idx = [j for j in range(lo, hi) if j != skip]
-            cache[key] = _ls(X[idx], t[idx])
-        return cache[key]
+    def __init__(self, X, t):
+        self.X, self.t = X, t
+        self._full: dict = {}
+        self._loo: dict = {}
 
-    return fit
+    def full(self, lo, hi):
+        key = (lo, hi)
+        if key not in self._full:
+            self._full[key] = _ls(self.X[lo:hi], self.t[lo:hi])
+        return self._full[key]
+
+    def loo(self, lo, hi):
+        key = (lo, hi)
+        if key not in self._loo:
+            idx = np.arange(lo, hi)
+            self._loo[key] = np.array([
+                float(self.X[i] @ _ls(self.X[rest], self.t[rest]))
+                for i, rest in ((i, idx[idx != i]) for i in idx)])
+        return self._loo[key]
 
 
-def _segmentation_loo(X, t, m, bounds, fit=None) -> float:
+def _segmentation_loo(X, t, m, bounds, fits=None) -> float:
     """Mean relative error of leave-one-out predictions of a segmentation.
 
     The mean, not the median: a split that fits most sizes but misses the
@@ -219,21 +246,28 @@ def _segmentation_loo(X, t, m, bounds, fit=None) -> float:
     left out in turn, its segment refitted without it, the segment starts
     recomputed from the remaining sizes (:func:`_starts`), and the size
     predicted by the segment that then covers it -- exactly how
-    a held-out size between two segments is predicted.  ``fit`` is a
-    :func:`_segment_fitter` (shared by callers that score many splits).
+    a held-out size between two segments is predicted.  ``fits`` is a
+    :class:`_SegmentFits` (shared by callers that score many splits).
     """
-    fit = fit or _segment_fitter(X, t)
-    errs = []
-    for i in range(len(t)):
-        coefs, firsts, lasts = [], [], []
-        for lo, hi in zip(bounds, bounds[1:]):
-            inside = lo <= i < hi
-            coefs.append(fit(lo, hi, i if inside else None))
-            firsts.append(m[lo + 1] if inside and i == lo else m[lo])
-            lasts.append(m[hi - 2] if inside and i == hi - 1 else m[hi - 1])
-        c = coefs[_segment_of(m[i], _starts(firsts, lasts))]
-        errs.append(abs(float(X[i] @ c) - t[i]) / t[i])
-    return float(np.mean(errs))
+    fits = fits or _SegmentFits(X, t)
+    segs = list(zip(bounds, bounds[1:]))
+    firsts = [m[lo] for lo, _ in segs]
+    lasts = [m[hi - 1] for _, hi in segs]
+    base = np.asarray(_starts(firsts, lasts), dtype=np.float64)
+    own = np.repeat(np.arange(len(segs)), np.diff(bounds))
+    # the segment covering each size; only a segment's first or last size, left
+    # out, moves a start (the segment's own or the next one's)
+    cover = np.maximum(np.searchsorted(base, m, side="right") - 1, 0)
+    for s, (lo, hi) in enumerate(segs):
+        for i, f, last in ((lo, m[lo + 1], lasts[s]), (hi - 1, firsts[s], m[hi - 2])):
+            moved = firsts[:s] + [f] + firsts[s + 1:], lasts[:s] + [last] + lasts[s + 1:]
+            cover[i] = _segment_of(m[i], _starts(*moved))
+    pred = np.empty(len(t))
+    for s, (lo, hi) in enumerate(segs):
+        pred[lo:hi] = fits.loo(lo, hi)
+    for i in np.flatnonzero(cover != own):  # covered by a neighbour, fitted on all its sizes
+        pred[i] = float(X[i] @ fits.full(*segs[cover[i]]))
+    return float(np.mean(np.abs(pred - t) / t))
 
 
 def choose_segments(X, t, m, *, max_segments: int = MAX_SEGMENTS,
@@ -250,7 +284,7 @@ def choose_segments(X, t, m, *, max_segments: int = MAX_SEGMENTS,
         (index bounds, e.g. (0, 7, 16); {segments: best leave-one-out mean error})
     """
     n = len(t)
-    fit = _segment_fitter(X, t)  # shared by every split: a segment is fitted once
+    fits = _SegmentFits(X, t)  # shared by every split: a segment is fitted once
     best: dict[int, tuple[float, tuple]] = {}
     for r in range(1, max_segments + 1):
         if r * min_sizes > n:
@@ -259,7 +293,7 @@ def choose_segments(X, t, m, *, max_segments: int = MAX_SEGMENTS,
             b = (0, *cuts, n)
             if any(hi - lo < min_sizes for lo, hi in zip(b, b[1:])):
                 continue
-            score = _segmentation_loo(X, t, m, b, fit)
+            score = _segmentation_loo(X, t, m, b, fits)
             if r not in best or score < best[r][0]:
                 best[r] = (score, b)
     if not best:  # fewer sizes than one segment needs: one line
