@@ -267,10 +267,19 @@ def run_bad(name: str, case: str, rng) -> str:
     return kinds[0]
 
 
+#: the large size on the GPU (its multi-block selection paths start at 2^18) and on the CPU,
+#: where the one path that depends on n (the sampled k-th largest of kernels._select, from
+#: 8 x its sample) starts at 2^15: 2^16 takes it at both densities, for 1/16 of the time
 LARGE = 2**20
+LARGE_HOST = 2**16
+assert LARGE_HOST >= 8 * kernels._select._SAMPLE, "the host's large size misses the sampled path"
+#: process counts that also run the large size on the host (at P > 4 ranks share a core of
+#: the 2-core CI machine and its cases cost most): 1, a power of two and the smallest
+#: non-power of two; every P runs every smaller size (the GPU stages run LARGE at their P)
+LARGE_AT = (1, 2, 3)
 
 
-SMALL_CALLS = 4  # error-feedback calls per case below LARGE: residuals carried, thresholds reused
+SMALL_CALLS = 4  # error-feedback calls per case below the large size: residuals carried, thresholds reused
 EVERY_P = ("gaussian", "hot")            # the one-hot region: the traffic bound's worst case
 ROTATING = ("heavy", "ties", "equal")    # one of these per P, chosen by P
 
@@ -283,22 +292,15 @@ def distributions() -> list[str]:
     return [*EVERY_P, ROTATING[P % len(ROTATING)]]
 
 
-#: process counts that also run n = LARGE (its cases are most of the suite's time on two
-#: cores, and at P > 4 ranks share a core): 1, a power of two and the smallest non-power
-#: of two; every P runs every size below LARGE.  On the CPU no code path depends on n beyond
-#: these sizes (the GPU's multi-block paths do: the GPU stages run LARGE at their P).
-LARGE_AT = (1, 2, 3)
-
-
 def plan(n: int, dist: str, density: float) -> list[tuple[float, int]]:
     """(density, calls) of one size and distribution.
 
-    Below LARGE: both densities, SMALL_CALLS calls of error feedback each.  At
-    LARGE (at the P in LARGE_AT, or on a GPU) two calls each (a residual carried
-    into a second call, a reused threshold): the Gaussian case at both
-    densities, the one-hot region and the rotating distribution at one.
+    Below the large size: both densities, SMALL_CALLS calls of error feedback
+    each.  At it two calls each (a residual carried into a second call, a
+    reused threshold): the Gaussian case at both densities, the one-hot region
+    and the rotating distribution at one.
     """
-    if n < LARGE:
+    if n < LARGE_HOST:
         return [(d, SMALL_CALLS) for d in (density, 0.001)]
     if dist == "gaussian":
         return [(d, 2) for d in (density, 0.001)]
@@ -328,8 +330,9 @@ def main(argv=None) -> int:
     rng = np.random.default_rng([seed, RANK])
     classes = {a: ALGORITHMS[parse_spec(a)[0]] for a in args.algorithms.split(",") if a}
     names = [a for a, cls in classes.items() if cls.supports(communicator())]
+    big = LARGE_HOST if args.array == "numpy" else LARGE
     large = not args.quick and (P in LARGE_AT or args.array != "numpy")
-    sizes = [1, max(1, P - 1), 1001, 4096 + 7] + ([LARGE] if large else [])
+    sizes = [1, max(1, P - 1), 1001, 4096 + 7] + ([big] if large else [])
     dists = distributions()
     if RANK == 0:
         print(f"conformance P={P} seed={seed} backend={args.backend} array={args.array} "
