@@ -104,11 +104,11 @@ def mpmd_argv(apps: Sequence[tuple[int, Sequence[str]]], *,
     return cmd
 
 
-def one_host_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
+def one_host_env(env: Mapping[str, str]) -> dict[str, str]:
     """The environment to start ``mpiexec`` in for ranks of one host: ``env``
-    (this process's environment if None) with :data:`ONE_HOST_MCA` where it
-    sets none of those variables -- a choice of the caller's always wins."""
-    return {**ONE_HOST_MCA, **(os.environ if env is None else env)}
+    (the caller's, e.g. ``os.environ``) with :data:`ONE_HOST_MCA` where it sets
+    none of those variables -- a choice of the caller's always wins."""
+    return {**ONE_HOST_MCA, **env}
 
 
 def launch(nprocs: int, argv: Sequence[str], *, env: dict | None = None,
@@ -130,7 +130,7 @@ def launch(nprocs: int, argv: Sequence[str], *, env: dict | None = None,
     # job (MPI_Abort) instead of leaving the other ranks waiting in a collective
     cmd = mpiexec_argv(nprocs, [sys.executable, "-u", "-m", "mpi4py", *argv] if python
                        else list(argv), oversubscribe=oversubscribe, env=env)
-    proc = subprocess.Popen(cmd, env=one_host_env())
+    proc = subprocess.Popen(cmd, env=one_host_env(os.environ))  # the ranks inherit ours
     try:
         rc = proc.wait()
     except KeyboardInterrupt:

@@ -159,7 +159,7 @@ def measure(*, network: str, nps, sizes, density: float, repeat: int, warmup: in
             profile_max_bytes: str | None = None, profile_share: float = 0.4,
             mpiexec: str | None = None, netns: str | None = None) -> dict:
     """Launch one bench sweep per P and merge the rows into one result dict (written to ``out``)."""
-    env = one_host_env({**os.environ, **SLOW_MPI_ENV} if network == "slow" else None)
+    env = one_host_env({**os.environ, **(SLOW_MPI_ENV if network == "slow" else {})})
     t_start = time.perf_counter()
     result = {
         "study": "scaling", "network": network, "density": density, "sizes": list(sizes),

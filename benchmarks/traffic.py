@@ -156,7 +156,7 @@ def main(argv=None) -> int:
                 rest = [a for a in rest if not a.startswith("--np=")]
                 cmd = mpiexec_argv(p, [sys.executable, "-m", "benchmarks.traffic",
                                        *rest, "--json", out])
-                rc = subprocess.call(cmd, env=one_host_env())
+                rc = subprocess.call(cmd, env=one_host_env(os.environ))
                 if rc:
                     return rc
                 with open(out) as f:

@@ -8,9 +8,8 @@ Cases marked ``quiet`` judge timings: they run while no other case of the run
 does (the suite runs on two xdist workers, whose MPI jobs share the two cores).
 Every case holds a shared lock on one file of the run; a ``quiet`` case holds
 it exclusively.  Cases marked ``mpi`` run one at a time (a second lock): two
-oversubscribed jobs on two cores spin against each other (on a 2-core VM the
-suite took 4:56 and 569 s of CPU with them side by side, 4:44 and 500 s like
-this); the other worker meanwhile runs the cases without MPI.
+oversubscribed jobs on two cores spin against each other and cost more CPU
+than they overlap; the other worker meanwhile runs the cases without MPI.
 """
 import fcntl
 

@@ -228,9 +228,11 @@ class _SegmentFits:
         key = (lo, hi)
         if key not in self._loo:
             idx = np.arange(lo, hi)
-            self._loo[key] = np.array([
-                float(self.X[i] @ _ls(self.X[rest], self.t[rest]))
-                for i, rest in ((i, idx[idx != i]) for i in idx)])
+            preds = []
+            for i in idx:
+                rest = idx[idx != i]
+                preds.append(float(self.X[i] @ _ls(self.X[rest], self.t[rest])))
+            self._loo[key] = np.array(preds)
         return self._loo[key]
 
 

@@ -99,7 +99,7 @@ def run_at(nprocs: int) -> dict:
         argv = mpiexec_argv(nprocs, [sys.executable, "-m", "tests.mpi.traffic_golden",
                                      "--out", str(out)])
         p = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True,
-                           timeout=600, env=one_host_env())
+                           timeout=600, env=one_host_env(os.environ))
         if p.returncode != 0:
             raise RuntimeError(f"traffic runner at P={nprocs} exited {p.returncode}:\n"
                                f"{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
