@@ -84,7 +84,8 @@ class GaussianK(SparseAllreduce):
         comm = self.comm
         kernels.add_into(acc, x)
         with comm.phase("select"):
-            idx, vals, thr = kernels.gaussian_select(acc, st.k, st.density)
+            idx, vals, thr = kernels.gaussian_select(acc, st.k, st.density,
+                                                    work=self.kernel_work(acc))
             kernels.zero_at(acc, idx)
         st.local_threshold = thr
         st.selected_local = int(idx.size)

@@ -159,10 +159,15 @@ def threshold_select(x, threshold: float, *, work=None):
 def _threshold_select_xp(x, threshold, work=None):
     """Generic (numpy or cupy) threshold selection: a mask, then its nonzeros.
     ``work``: scratch for the temporaries (numpy; see :func:`_workspace`)."""
-    xp = array_module(x)
     work = _workspace(x, work)
-    mask = xp.greater_equal(_magnitudes(x, work), weak_threshold(x, threshold),
-                            out=work("mask", x.size, np.bool_))
+    return _masked_select(x, _magnitudes(x, work), threshold, work("mask", x.size, np.bool_))
+
+
+def _masked_select(x, mag, threshold, mask):
+    """The entries of x whose magnitude ``mag`` (|x|, flat) is >= ``threshold``,
+    the comparison written into ``mask``: (int32 indices sorted, values)."""
+    xp = array_module(x)
+    xp.greater_equal(mag, weak_threshold(x, threshold), out=mask)
     idx = xp.flatnonzero(mask).astype(index_dtype(x.size), copy=False)
     return idx, x.reshape(-1)[idx]
 
@@ -227,22 +232,55 @@ def cap_selection(idx, vals, k: int):
 _STD_NORMAL = statistics.NormalDist()
 
 
-def gaussian_threshold(x, density: float) -> float:
+def gaussian_threshold(x, density: float, *, work=None) -> float:
     """Gaussiank's threshold: |x| >= mean + std * z selects ``density`` of a normal x.
 
     Two-sided: P(|x - mu| > z sigma) = density  =>  z = isf(density / 2).
     mean and std are float64 statistics of x (on the GPU: two reads, see
-    ``_cuda.mean_std``).
+    ``_cuda.mean_std``; on the CPU: one read, :func:`_mean_std_blocked`).
+    ``work``: scratch for the CPU's block (see :func:`_workspace`).
     """
     cu = fast_float32(x)
     if cu is not None:
         mu, sigma = cu.mean_std(cu.prepare(x))
+    elif isinstance(x, np.ndarray):
+        mu, sigma = _mean_std_blocked(x.reshape(-1), _workspace(x, work))
     else:
         xp = array_module(x)
         mu = float(xp.mean(x, dtype=np.float64))
         sigma = float(xp.std(x, dtype=np.float64))
     q = min(max(density, 1e-12), 1.0 - 1e-12)
     return abs(mu) + sigma * _STD_NORMAL.inv_cdf(1.0 - q / 2.0)
+
+
+_STATS_BLOCK = 1 << 16  # float64 elements per block: 512 KiB, within a core's L2
+
+
+def _mean_std_blocked(x: np.ndarray, work) -> tuple[float, float]:
+    """float64 mean and (population) std of a flat numpy vector in one read:
+    per block of ``_STATS_BLOCK`` values, copied to float64 in a cache-sized
+    buffer, its mean and centred sum of squares, merged by Chan et al.'s
+    pairwise update.  Agrees with ``np.mean`` / ``np.std`` (dtype float64) to
+    a few ulps without np.std's fresh 8n-byte temporary (x - mean): about 3x
+    faster at 2^22-2^24 on the CPU VM (docs/BENCHMARKS.md, "Fresh large
+    buffers cost a page-zeroing pass").  No BLAS call (np.dot): where unbound
+    ranks outnumber the cores, every rank's OpenBLAS threads spin against them."""
+    n = x.size
+    if n == 0:
+        return math.nan, math.nan
+    buf = work("stats", min(n, _STATS_BLOCK), np.float64)
+    count, mean, m2 = 0, 0.0, 0.0
+    for s in range(0, n, _STATS_BLOCK):
+        b = buf[:min(_STATS_BLOCK, n - s)]
+        b[...] = x[s:s + b.size]
+        bmean = float(b.sum()) / b.size
+        b -= bmean
+        bm2 = float(np.square(b, out=b).sum())  # not np.dot: BLAS threads (see docstring)
+        total, d = count + b.size, bmean - mean
+        mean += d * b.size / total
+        m2 += bm2 + d * d * count * b.size / total
+        count = total
+    return mean, math.sqrt(m2 / n)
 
 
 def _correction_thresholds(thr: float, rounds: int) -> list[float]:
@@ -255,7 +293,7 @@ def _correction_thresholds(thr: float, rounds: int) -> list[float]:
     return out
 
 
-def gaussian_select(x, k: int, density: float, *, rounds: int = 3):
+def gaussian_select(x, k: int, density: float, *, rounds: int = 3, work=None):
     """Gaussiank selection: Gaussian threshold, corrected toward ``k``, capped at ``k``.
 
     Following Shi et al.'s reference: up to ``rounds`` corrections halving or
@@ -264,13 +302,15 @@ def gaussian_select(x, k: int, density: float, *, rounds: int = 3):
     GPU the counts at every threshold the loop can reach (2^(rounds+1) - 1
     paths, at most 10 distinct values for rounds = 3) are taken in one read
     before the loop, which then looks them up: the same decisions as counting
-    each on demand, one pass instead of up to rounds + 1.
+    each on demand, one pass instead of up to rounds + 1.  Elsewhere |x| is
+    taken once and each count and the final selection read it; ``work``:
+    scratch for the temporaries (numpy; see :func:`_workspace`).
 
     Returns:
         (indices, values, threshold)
     """
     xp = array_module(x)
-    thr = gaussian_threshold(x, density)
+    thr = gaussian_threshold(x, density, work=work)
     cu = fast_float32(x)
     if cu is not None:
         xf = cu.prepare(x)
@@ -279,13 +319,17 @@ def gaussian_select(x, k: int, density: float, *, rounds: int = 3):
 
         def count(t):
             return table[cu.threshold_key(t)]
+        best = correct_threshold(count, thr, k, rounds)
+        idx, vals = threshold_select(x, best)
     else:
-        mag = xp.abs(x)
+        work = _workspace(x, work)
+        mag = _magnitudes(x, work)
+        mask = work("mask", x.size, np.bool_)
 
         def count(t):
-            return int(xp.count_nonzero(mag >= weak_threshold(x, t)))
-    best = correct_threshold(count, thr, k, rounds)
-    idx, vals = threshold_select(x, best)
+            return int(xp.count_nonzero(xp.greater_equal(mag, weak_threshold(x, t), out=mask)))
+        best = correct_threshold(count, thr, k, rounds)
+        idx, vals = _masked_select(x, mag, best, mask)
     idx, vals = cap_selection(idx, vals, k)
     return idx, vals, best
 

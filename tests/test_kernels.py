@@ -1,4 +1,6 @@
 """Kernels against brute-force references, on fresh random data (numpy path)."""
+import statistics
+
 import numpy as np
 import pytest
 
@@ -96,6 +98,17 @@ def test_gaussian_select_caps_at_k(dist):
     assert np.array_equal(vals, x[idx])
 
 
+@pytest.mark.parametrize("n", [1, 2, 3, 65535, 65536, 65537, 300_001])
+def test_gaussian_threshold_statistics_match_numpy(n):
+    """The CPU's blocked one-read mean and std are numpy's float64 mean and std
+    to a few ulps, across block boundaries, off-centre and heavy-tailed."""
+    seed = int(RNG.integers(1 << 31))
+    x = (np.random.default_rng(seed).standard_t(2.5, n) * 3 + 0.7).astype(np.float32)
+    mu, sigma = np.mean(x, dtype=np.float64), np.std(x, dtype=np.float64)
+    ref = abs(mu) + sigma * statistics.NormalDist().inv_cdf(1 - 0.01 / 2)
+    assert kernels.gaussian_threshold(x, 0.01) == pytest.approx(ref, rel=1e-12), seed
+
+
 def test_gaussian_threshold_on_normal_data_selects_about_density():
     x = RNG.standard_normal(1 << 20).astype(np.float32)
     thr = kernels.gaussian_threshold(x, 0.01)
@@ -183,7 +196,10 @@ def test_scratch_work_gives_the_same_selection(dist):
         thr = float(np.quantile(np.abs(x), 0.9)) or 1.0
         a, b = kernels.threshold_select(x, thr), kernels.threshold_select(x, thr, work=work)
         assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
-    assert {t for t, _ in pool} == {"mag", "part", "mask"}
+        k = n // 50 + 1
+        a, b = kernels.gaussian_select(x, k, k / n), kernels.gaussian_select(x, k, k / n, work=work)
+        assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1]) and a[2] == b[2]
+    assert {t for t, _ in pool} == {"mag", "part", "mask", "stats"}
 
 
 @pytest.mark.parametrize("dtype", [np.int32, np.int64])
