@@ -324,7 +324,7 @@ def test_gaussian_corrections_match_numpy(cp, dist, monkeypatch):
     for k in (1, 100, 5000):
         for q in (0.5, 0.9, 0.99, 0.9999, 1.0):
             t0 = float(mag[min(n - 1, int(q * n))]) * 1.37 + 1e-30
-            monkeypatch.setattr(_select, "gaussian_threshold", lambda x, d, t0=t0: t0)
+            monkeypatch.setattr(_select, "gaussian_threshold", lambda x, d, t0=t0, **kw: t0)
             ri, rv, rt = kernels.gaussian_select(x, k, k / n)
             gi, gv, gt = kernels.gaussian_select(xg, k, k / n)
             assert gt == rt, (dist, k, q, gt, rt, SEED)
