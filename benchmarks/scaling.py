@@ -33,8 +33,10 @@ time is roughly total bytes / 125 MB/s: a dense allreduce of 2^20 floats at
 P = 32 moves 2n(P-1)*4 B = 260 MB, about 2 s per call.  Keep n small there.
 
 ``model``: each point's error with *Table 1* alone (the profile without its
-runs) and *fitted* (with them: weights, fixed costs, bandwidth law), and how
-often the selector's error band covered it.  The projection and its band:
+runs), *fitted* (with them: weights, fixed costs, bandwidth law) and as the
+*selector* predicts it (fitted, with the correction it learned from the runs,
+fading beyond their process counts), and how often the selector's error band
+covered the fitted prediction.  The projection and its band:
 benchmarks/projection.py.
 
 No optuna or matplotlib needed to measure; plots are drawn where the JSON is read.
@@ -286,12 +288,15 @@ def scored_rows(rows, max_P: int | None = None) -> list[dict]:
 
 def model_errors(rows, prof: dict, *, max_P: int | None = None) -> list[dict]:
     """Per measured row (up to ``max_P``): the cost model's prediction with
-    Table 1's terms alone and fitted to the profile's runs, the relative errors
-    |pred - measured| / measured, and whether the selector's error band covered it."""
+    Table 1's terms alone and fitted to the profile's runs, the selector's own
+    prediction (the fitted model with the correction it learned from the runs,
+    ``Selector.predict``; the fitted model's where it has none), the relative
+    errors |pred - measured| / measured, and whether the selector's error band
+    covered the fitted model's prediction."""
     from autotune.selector import Selector
 
     Profile(prof)  # validates the schema: one clear ProfileError per problem
-    sel = Selector(prof, learn=False) if prof.get("runs") else None
+    sel = Selector(prof) if prof.get("runs") else None
     fitted = sel.machine if sel else machine_at(prof)  # one fit of the profile
     table1 = machine_at(prof, runs=False)
     out = []
@@ -300,17 +305,22 @@ def model_errors(rows, prof: dict, *, max_P: int | None = None) -> list[dict]:
         meas = float(r["median_s"])
         p_fit = costmodel.predict(fitted, a, r["n"], P, r["density"])
         p_t1 = costmodel.predict(table1, a, r["n"], P, r["density"])
-        band = sel.error(a, r["n"], P) if sel is not None and a in sel.algorithms else None
+        known = sel is not None and a in sel.algorithms
+        p_sel = sel.predict(a, r["n"], P, r["density"])[0] if known else p_fit
+        band = sel.error(a, r["n"], P) if known else None
         out.append({"algorithm": a, "n": r["n"], "P": P, "density": r["density"],
                     "measured_s": meas, "pred_fitted_s": p_fit, "pred_table1_s": p_t1,
+                    "pred_selector_s": p_sel,
                     "err_fitted": abs(p_fit - meas) / meas, "err_table1": abs(p_t1 - meas) / meas,
+                    "err_selector": abs(p_sel - meas) / meas,
                     "covered": None if band is None else abs(math.log(p_fit / meas)) <= band})
     return out
 
 
 def error_summary(errs) -> dict:
     """{algorithm or 'all': (median err fitted, median err Table 1, points, share of
-    points inside the selector's error band or nan)}."""
+    points inside the selector's error band or nan, median err of the selector's
+    own prediction)}."""
     by = defaultdict(list)
     for e in errs:
         by[e["algorithm"]].append(e)
@@ -320,7 +330,8 @@ def error_summary(errs) -> dict:
         cov = [e["covered"] for e in v if e["covered"] is not None]
         out[a] = (float(np.median([e["err_fitted"] for e in v])),
                   float(np.median([e["err_table1"] for e in v])), len(v),
-                  float(np.mean(cov)) if cov else math.nan)
+                  float(np.mean(cov)) if cov else math.nan,
+                  float(np.median([e["err_selector"] for e in v])))
     return out
 
 
@@ -384,7 +395,8 @@ def error_table(summaries: dict) -> str:
     nets = list(summaries)
     algos = [a for a in ALGO_ORDER if any(a in s for s in summaries.values())] + ["all"]
     lines = ["Cost model median relative error |predicted - measured| / measured "
-             "(fitted to the profile's runs / Table 1 terms alone; points; inside the "
+             "(fitted to the profile's runs / Table 1 terms alone / the selector's prediction, "
+             "the fitted model with its learned correction; points; fitted inside the "
              "selector's error band)", "",
              "| algorithm | " + " | ".join(nets) + " |", "|---|" + "---|" * len(nets)]
     for a in algos:
@@ -393,7 +405,7 @@ def error_table(summaries: dict) -> str:
             v = summaries[net].get(a)
             cov = "" if v is None or math.isnan(v[3]) else f", {100 * v[3]:.0f}% in band"
             cells.append("" if v is None else
-                         f"{100 * v[0]:.0f}% / {100 * v[1]:.0f}% ({v[2]}{cov})")
+                         f"{100 * v[0]:.0f}% / {100 * v[1]:.0f}% / {100 * v[4]:.0f}% ({v[2]}{cov})")
         name = "**all**" if a == "all" else a
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -631,7 +643,8 @@ def main(argv=None) -> int:
                 for e in errs:
                     print(f"{res['network']} P={e['P']} n=2^{int(math.log2(e['n']))} "
                           f"{e['algorithm']:10s} measured {1e3 * e['measured_s']:.2f} ms "
-                          f"model {1e3 * e['pred_fitted_s']:.2f} / {1e3 * e['pred_table1_s']:.2f} ms")
+                          f"model {1e3 * e['pred_fitted_s']:.2f} / {1e3 * e['pred_table1_s']:.2f}"
+                          f" / {1e3 * e['pred_selector_s']:.2f} ms")
         print(error_table(summaries))
         return 0
     if args.cmd == "plot":

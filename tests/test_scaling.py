@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from autotune import costmodel
@@ -79,7 +80,15 @@ def test_model_errors_are_against_the_measured_numbers():
         f = {"dense": 2.0, "oktopk": 0.5, "mpi": 1.0}[e["algorithm"]]
         assert e["err_fitted"] == pytest.approx(abs(1 / f - 1))
         assert isinstance(e["covered"], bool)
+    from autotune.selector import Selector
+
+    sel = Selector(SHM)
+    for e in errs:  # the selector's own prediction, scored against the same number
+        pred = sel.predict(e["algorithm"], e["n"], e["P"], 0.01)[0]
+        assert e["pred_selector_s"] == pytest.approx(pred)
+        assert e["err_selector"] == pytest.approx(abs(pred - e["measured_s"]) / e["measured_s"])
     s = scaling.error_summary(errs)
+    assert s["all"][4] == pytest.approx(np.median([e["err_selector"] for e in errs]))
     assert s["dense"][0] == pytest.approx(0.5) and s["oktopk"][0] == pytest.approx(1.0)
     assert s["mpi"][0] == pytest.approx(0.0, abs=1e-12) and s["mpi"][3] == 1.0
     assert s["all"][2] == len(rows) and s["all"][0] == pytest.approx(0.5)
