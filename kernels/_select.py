@@ -85,6 +85,10 @@ def _topk_indices_xp(x, k: int, work=None):
         return xp.arange(n, dtype=itype)
     work = _workspace(x, work)
     mag = _magnitudes(x, work)
+    if isinstance(mag, np.ndarray):
+        idx = _topk_from_candidates(mag, k, work)
+        if idx is not None:
+            return idx.astype(itype, copy=False)
     thr = _kth_largest(mag, k, work, inplace=False)  # exact k-th largest magnitude
     mask = work("mask", n, np.bool_)
     above = xp.flatnonzero(xp.greater(mag, thr, out=mask))
@@ -113,6 +117,44 @@ _CANDIDATES_BELOW = 1 / 16
 _SAMPLE = 1 << 12
 
 
+def _sample_bound(mag, k: int):
+    """A lower bound t on the k-th largest entry of the flat non-negative numpy
+    ``mag`` from a strided sample: most likely a little over k entries are >= t
+    (the sample's expected count above the k-th largest plus 4 standard
+    deviations); None where the sample would not pay (small n, or k above
+    n / 16: there a full partition is as cheap)."""
+    n = mag.size
+    if n < 8 * _SAMPLE or k > n * _CANDIDATES_BELOW:
+        return None
+    sample = mag[::n // _SAMPLE].copy()
+    m = sample.size
+    want = k * m / n
+    rank = min(m, int(want + 4.0 * math.sqrt(want) + 8))
+    sample.partition(m - rank)
+    return sample[m - rank]
+
+
+def _topk_from_candidates(mag, k: int, work):
+    """The exact top-k's indices (sorted; ties by position) of the flat numpy
+    ``mag`` from the entries >= a sampled lower bound (:func:`_sample_bound`):
+    one pass over ``mag`` for their positions, the rest on those few.  None
+    where there is no bound or fewer than k entries reach it."""
+    t = _sample_bound(mag, k)
+    if t is None:
+        return None
+    cand = np.flatnonzero(np.greater_equal(mag, t, out=work("mask", mag.size, np.bool_)))
+    if cand.size < k:
+        return None
+    vals = mag[cand]
+    thr = np.partition(vals, vals.size - k)[vals.size - k]  # the k-th largest
+    # every entry above thr, then the first (k - those) equal to it, in position order
+    keep = vals > thr
+    need = k - int(np.count_nonzero(keep))
+    if need:
+        keep[np.flatnonzero(vals == thr)[:need]] = True
+    return cand[keep]
+
+
 def _kth_largest(mag, k: int, work, *, inplace: bool):
     """The exact k-th largest entry of the flat non-negative ``mag`` (numpy or
     cupy), 1 <= k <= n.  For k <= n / 16 on numpy: a strided sample gives a
@@ -121,16 +163,9 @@ def _kth_largest(mag, k: int, work, *, inplace: bool):
     k are >= t, else the whole array is partitioned).  ``inplace``: ``mag``
     may be reordered."""
     n = mag.size
-    if isinstance(mag, np.ndarray) and n >= 8 * _SAMPLE and k <= n * _CANDIDATES_BELOW:
-        step = n // _SAMPLE
-        sample = mag[::step].copy()
-        m = sample.size
-        # the sample's expected count above the k-th largest, plus 4 standard deviations
-        want = k * m / n
-        rank = min(m, int(want + 4.0 * math.sqrt(want) + 8))
-        sample.partition(m - rank)
-        mask = np.greater_equal(mag, sample[m - rank], out=work("mask", n, np.bool_))
-        cand = mag[mask]
+    t = _sample_bound(mag, k) if isinstance(mag, np.ndarray) else None
+    if t is not None:  # positions, then values: a boolean index is about 2x slower
+        cand = mag[np.flatnonzero(np.greater_equal(mag, t, out=work("mask", n, np.bool_)))]
         if cand.size >= k:
             cand.partition(cand.size - k)
             return cand[cand.size - k]

@@ -39,6 +39,8 @@ def test_topk_matches_sort(dist, n):
         assert sel.min() >= kth
         assert np.count_nonzero(np.abs(x) > kth) <= k
         assert kernels.kth_magnitude(x, k) == kth
+        # ties by position: the first k of a stable sort by descending magnitude
+        assert np.array_equal(idx, np.sort(np.argsort(-np.abs(x), kind="stable")[:k]))
 
 
 @pytest.mark.parametrize("k", [1000, 3000, 4096])
