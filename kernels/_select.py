@@ -134,18 +134,25 @@ def _sample_bound(mag, k: int):
     return sample[m - rank]
 
 
-def _topk_from_candidates(mag, k: int, work):
-    """The exact top-k's indices (sorted; ties by position) of the flat numpy
-    ``mag`` from the entries >= a sampled lower bound (:func:`_sample_bound`):
-    one pass over ``mag`` for their positions, the rest on those few.  None
+def _candidates(mag, k: int, work):
+    """(positions, values) of the entries of the flat numpy ``mag`` that reach
+    a sampled lower bound on its k-th largest (:func:`_sample_bound`), in one
+    pass (positions, then values: a boolean index is about 2x slower); None
     where there is no bound or fewer than k entries reach it."""
     t = _sample_bound(mag, k)
     if t is None:
         return None
     cand = np.flatnonzero(np.greater_equal(mag, t, out=work("mask", mag.size, np.bool_)))
-    if cand.size < k:
+    return (cand, mag[cand]) if cand.size >= k else None
+
+
+def _topk_from_candidates(mag, k: int, work):
+    """The exact top-k's indices (sorted; ties by position) of the flat numpy
+    ``mag``, worked out among its :func:`_candidates`; None without them."""
+    found = _candidates(mag, k, work)
+    if found is None:
         return None
-    vals = mag[cand]
+    cand, vals = found
     thr = np.partition(vals, vals.size - k)[vals.size - k]  # the k-th largest
     # every entry above thr, then the first (k - those) equal to it, in position order
     keep = vals > thr
@@ -163,12 +170,11 @@ def _kth_largest(mag, k: int, work, *, inplace: bool):
     k are >= t, else the whole array is partitioned).  ``inplace``: ``mag``
     may be reordered."""
     n = mag.size
-    t = _sample_bound(mag, k) if isinstance(mag, np.ndarray) else None
-    if t is not None:  # positions, then values: a boolean index is about 2x slower
-        cand = mag[np.flatnonzero(np.greater_equal(mag, t, out=work("mask", n, np.bool_)))]
-        if cand.size >= k:
-            cand.partition(cand.size - k)
-            return cand[cand.size - k]
+    found = _candidates(mag, k, work) if isinstance(mag, np.ndarray) else None
+    if found is not None:
+        cand = found[1]
+        cand.partition(cand.size - k)
+        return cand[cand.size - k]
     if inplace:
         mag.partition(n - k)
         return mag[n - k]
@@ -354,8 +360,9 @@ def gaussian_select(x, k: int, density: float, *, rounds: int = 3, work=None):
 
         def count(t):
             return table[cu.threshold_key(t)]
-        best = correct_threshold(count, thr, k, rounds)
-        idx, vals = threshold_select(x, best)
+
+        def select(t):
+            return threshold_select(x, t)
     else:
         work = _workspace(x, work)
         mag = _magnitudes(x, work)
@@ -363,9 +370,11 @@ def gaussian_select(x, k: int, density: float, *, rounds: int = 3, work=None):
 
         def count(t):
             return int(xp.count_nonzero(xp.greater_equal(mag, weak_threshold(x, t), out=mask)))
-        best = correct_threshold(count, thr, k, rounds)
-        idx, vals = _masked_select(x, mag, best, mask)
-    idx, vals = cap_selection(idx, vals, k)
+
+        def select(t):
+            return _masked_select(x, mag, t, mask)
+    best = correct_threshold(count, thr, k, rounds)
+    idx, vals = cap_selection(*select(best), k)
     return idx, vals, best
 
 
