@@ -38,7 +38,6 @@ progress and writes the file.  Four parts, in this order:
    snapshots given with ``--gradients DIR``.
 """
 from __future__ import annotations
-from __future__ import annotations
 
 from .common import ProfilerError
 from .driver import PLANS, _Progress, fingerprint, main, refit_main, run_profile

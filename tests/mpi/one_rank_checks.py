@@ -22,6 +22,7 @@ import argparse
 import faulthandler
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -421,6 +422,7 @@ def main(argv=None) -> int:
             if R == 0:
                 print(f"  {name:34s} ...", end=" ", flush=True)
             faulthandler.dump_traceback_later(CASE_TIMEOUT_S, exit=True)
+            t0 = time.perf_counter()
             try:
                 total += case()
                 healthy(rng)
@@ -429,7 +431,7 @@ def main(argv=None) -> int:
             finally:
                 faulthandler.cancel_dump_traceback_later()
             if R == 0:
-                print("ok", flush=True)
+                print(f"ok ({time.perf_counter() - t0:.2f} s)", flush=True)
     finally:
         W.Barrier()
         if R == 0:
