@@ -94,15 +94,20 @@ def concurrency(primitive: str, P: int) -> float:
     _, B = model_terms(primitive, P)
     if B == 0:
         return 1.0
-    total = {
+    return wire_bytes(primitive, P) / B
+
+
+def wire_bytes(primitive: str, P: int) -> float:
+    """Bytes all P ranks together put on the wire per byte of the model's m."""
+    _shape(primitive)
+    return float({
         "p2p": 2 * (P // 2),
         "allgather": P * (P - 1),
         "allgatherv": P * (P - 1),
         "alltoallv": P * (P - 1),
         "allreduce": 2 * (P - 1),
         "bcast": P - 1,
-    }[primitive]
-    return total / B
+    }[primitive])
 
 
 @dataclass(frozen=True)

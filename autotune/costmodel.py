@@ -62,7 +62,9 @@ where it would otherwise be a constant o0 that no process count changes.
 Behind a link shaped by a token bucket (the profile's ``link_burst``), a call
 that starts on an idle link passes the bucket's bytes at the medium's speed:
 every call's bandwidth part loses bucket x the link's s/byte (``burst_s``;
-the profile's runs start on an idle link too, so the fit sees the same calls).
+the profile's runs start on an idle link too, so the fit sees the same calls),
+and a primitive's size regimes, measured at the profile's P, are looked up by
+the bytes a call puts on the link (``Machine._regime``).
 :func:`heldout_errors` gives each algorithm's held-out error: in range (one
 size left out) and per octave of P beyond the runs (one process count left
 out), the selector's error bars.
@@ -79,7 +81,7 @@ import numpy as np
 
 from collectives import ALGORITHMS
 
-from .profile import Linear, Link, Profile, concurrency, model_time
+from .profile import Linear, Link, Profile, concurrency, model_time, wire_bytes
 
 # Every sparse algorithm also streams the dense vector: the error-feedback sum
 # acc = residual + x (2 reads, 1 write) and the dense output it returns (1 write).
@@ -119,6 +121,9 @@ class Machine:
     # seconds of the drained link's time a call starting on an idle link passes in its
     # burst (a shaped link's token bucket: profile's link_burst bytes x its s/byte)
     burst_s: float = 0.0
+    # on one shared link (law "link"): the P the primitives were measured at, where a
+    # message's regime is looked up (``_regime``), set by Machine.at
+    link_P0: int | None = None
     _at: dict = field(default_factory=dict, compare=False, repr=False)
 
     def at(self, P: int) -> "Machine":
@@ -136,7 +141,8 @@ class Machine:
             def beta(name: str) -> float:
                 return g if self.law == "cores" else (max(concurrency(name, P), 1.0)
                                                       / max(concurrency(name, P0), 1.0))
-            self._at[P] = self._scaled(lambda name: g, beta, f, ranks=P, cores=cores)
+            self._at[P] = self._scaled(lambda name: g, beta, f, ranks=P, cores=cores,
+                                       link_P0=P0)
         return self._at[P]
 
     def _scaled(self, alpha, beta, compute: float, **fields) -> "Machine":
@@ -222,11 +228,31 @@ class Machine:
 
     # primitive times (each with the regime covering its message size), in the
     # shapes of autotune.profile's one table ----------------------------------------
+    def _regime(self, link: Link, m: float, wire: float, wire0: float) -> tuple[float, float]:
+        """(alpha, beta) of the regime covering a message of m bytes.  On one
+        shared link with a measured burst (``link`` law, ``burst_s`` > 0) a
+        regime is a share of the bytes each call puts on the link (the token
+        bucket passes up to its burst at the medium's speed), so the message is looked up at the size that puts
+        as many bytes on the link at the profile's P (``link_P0``): ``wire``,
+        ``wire0`` are the link's bytes per byte of m at this P and at that one.
+        (A 1 Gbit/s profile at P = 4 priced Ok-Topk's 30 KB messages to each of
+        7 peers at P = 8 in its fast regime below 32 KB, 1.7 MB a call beyond
+        a 1 MB bucket: 92 ms predicted, 150 measured; BENCHMARKS.)"""
+        if self.law == "link" and self.burst_s > 0 and self.link_P0 and wire0 > 0 and wire > 0:
+            m = m * wire / wire0
+        return link.at(m)
+
+    def _link_regime(self, link: Link, name: str, m: float, P: int) -> tuple[float, float]:
+        P0 = self.link_P0 or P
+        return self._regime(link, m, wire_bytes(name, P), wire_bytes(name, P0))
+
     def t_p2p(self, m: float, active: int | None = None) -> float:
         """Beta was fitted with every rank sending at once; with ``active``
         senders it is scaled to their share of the link (``link`` law) or of
         the cores they share (``cores`` law, at ``Machine.at``'s P)."""
-        a, b = self.p2p.at(m)
+        P0 = self.link_P0 or 2
+        senders = active if active is not None else 2 * ((self.ranks or 2) // 2)
+        a, b = self._regime(self.p2p, m, senders, wire_bytes("p2p", P0))
         if active is not None and self.law == "link" and self.ranks:
             b *= active / max(concurrency("p2p", self.ranks), 1.0)
         elif active is not None and self.law == "cores" and self.ranks and self.cores:
@@ -234,16 +260,16 @@ class Machine:
         return model_time("p2p", a, b, m, 2)
 
     def t_allgather(self, m: float, P: int) -> float:
-        return model_time("allgather", *self.allgather.at(m), m, P)
+        return model_time("allgather", *self._link_regime(self.allgather, "allgather", m, P), m, P)
 
     def t_alltoall(self, m: float, P: int) -> float:
-        return model_time("alltoallv", *self.alltoall.at(m), m, P)
+        return model_time("alltoallv", *self._link_regime(self.alltoall, "alltoallv", m, P), m, P)
 
     def t_allreduce(self, m: float, P: int) -> float:
-        return model_time("allreduce", *self.allreduce.at(m), m, P)
+        return model_time("allreduce", *self._link_regime(self.allreduce, "allreduce", m, P), m, P)
 
     def t_bcast(self, m: float, P: int) -> float:
-        return model_time("bcast", *self.bcast.at(m), m, P)
+        return model_time("bcast", *self._link_regime(self.bcast, "bcast", m, P), m, P)
 
     def dense_passes(self, n: float, streams: int = _EF_STREAMS,
                      active: int | None = None) -> float:

@@ -47,13 +47,14 @@ __all__ = [
     "model_terms",
     "model_time",
     "concurrency",
+    "wire_bytes",
     "local_fingerprint",
     "segment_at",
 ]
 
 from ._profile_model import (COMPUTE_KERNELS, MESSAGE_MEANING, PRIMITIVES, Linear, Link,  # noqa: F401
                              PrimitiveFit, concurrency, model_string, model_terms, model_time,
-                             segment_at)
+                             segment_at, wire_bytes)
 from ._profile_schema import SCHEMA, VERSION, ProfileError, _parse, migrate, validate  # noqa: F401
 
 

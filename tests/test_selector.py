@@ -509,11 +509,44 @@ def test_gtopk_prices_each_tree_round_with_its_senders(P, senders):
     assert seen == senders
 
 
+def test_a_shaped_links_regimes_follow_the_bytes_a_call_puts_on_it(slow):
+    """Behind a measured token bucket a primitive's size regimes are looked up at
+    the message that puts as many bytes on the link at the profile's P (4): at
+    P = 8 an alltoall moves 56 / 12 times the bytes of the same message at 4, at
+    P = 2 2 / 12 of them.  Without a measured bucket: by the message alone."""
+    from autotune.profile import model_time
+
+    bare = {**slow, "runs": []}
+    burst = {"bytes": 1 << 20, "link_s_per_byte": 8e-9, "drained_s": 0.0335, "fresh_s": 0.0255,
+             "pause_s": 0.05, "link_bytes": 4 << 20}
+    plain = costmodel.Machine.from_profile(bare)
+    m = costmodel.Machine.from_profile({**bare, "link_burst": burst})
+    assert m.law == plain.law == "link" and m.contention[1] == 4
+    (lo, *_), (hi, *_) = m.alltoall.segments  # 4 B and 2048 B: a fast regime, then the link
+
+    def regime(machine, P, j, msg):
+        return model_time("alltoallv", *machine.at(P).alltoall.segments[j][1:], msg, P)
+
+    small, larger = 1500, 3000  # either side of the boundary at P = 4
+    assert larger > hi > small > lo
+    for machine in (m, plain):
+        assert machine.at(4).t_alltoall(small, 4) == regime(machine, 4, 0, small)
+        assert machine.at(4).t_alltoall(larger, 4) == regime(machine, 4, 1, larger)
+    assert plain.at(8).t_alltoall(small, 8) == regime(plain, 8, 0, small)
+    assert m.at(8).t_alltoall(small, 8) == regime(m, 8, 1, small)  # 7000 B at P = 4
+    assert plain.at(2).t_alltoall(larger, 2) == regime(plain, 2, 1, larger)
+    assert m.at(2).t_alltoall(larger, 2) == regime(m, 2, 0, larger)  # 500 B at P = 4
+    assert m.at(8).t_alltoall(small, 8) > plain.at(8).t_alltoall(small, 8)
+
+
 def test_a_links_burst_comes_off_each_calls_bandwidth_part(slow):
     """A shaped link's token bucket (the profile's ``link_burst``) passes that many
     bytes of a call starting on an idle link at the medium's speed: each call's
     bandwidth part loses bytes x the link's s/byte, never below zero; latency and
-    compute stay; a profile without a bucket predicts as before."""
+    compute stay; a profile without a bucket predicts as before.  At the
+    profile's P (4), where the bucket moves no message to another regime (test
+    above)."""
+    P = 4
     bare = {**slow, "runs": []}
     plain = costmodel.Machine.from_profile(bare)
     assert plain.burst_s == 0.0
@@ -523,16 +556,16 @@ def test_a_links_burst_comes_off_each_calls_bandwidth_part(slow):
     assert m.burst_s == pytest.approx((1 << 20) * 8e-9)
     for a in ("mpi", "dense", "topka", "oktopk"):
         for n in (1 << 10, 1 << 16, 1 << 24):
-            c0 = costmodel.components(plain, a, n, 6)
-            c1 = costmodel.components(m, a, n, 6)
+            c0 = costmodel.components(plain, a, n, P)
+            c1 = costmodel.components(m, a, n, P)
             assert c1[1] == pytest.approx(max(0.0, c0[1] - m.burst_s), rel=1e-12, abs=1e-15)
             assert (c1[[0, 2]] == c0[[0, 2]]).all()
-            assert costmodel.predict(m, a, n, 6) <= costmodel.predict(plain, a, n, 6)
+            assert costmodel.predict(m, a, n, P) <= costmodel.predict(plain, a, n, P)
     # a call within the burst pays no bandwidth; one far beyond it pays all but the burst
-    assert costmodel.components(m, "mpi", 1 << 10, 6)[1] == 0.0
-    big = costmodel.components(plain, "mpi", 1 << 24, 6)[1]
-    assert costmodel.components(m, "mpi", 1 << 24, 6)[1] == pytest.approx(big - m.burst_s)
+    assert costmodel.components(m, "mpi", 1 << 10, P)[1] == 0.0
+    big = costmodel.components(plain, "mpi", 1 << 24, P)[1]
+    assert costmodel.components(m, "mpi", 1 << 24, P)[1] == pytest.approx(big - m.burst_s)
     # the learned correction tells calls within the burst from those past it
-    assert costmodel.burst_share(plain, "mpi", 1 << 10, 6) == 0.0
-    assert costmodel.burst_share(m, "mpi", 1 << 10, 6) == 1.0
-    assert 0.0 < costmodel.burst_share(m, "mpi", 1 << 24, 6) < 0.01
+    assert costmodel.burst_share(plain, "mpi", 1 << 10, P) == 0.0
+    assert costmodel.burst_share(m, "mpi", 1 << 10, P) == 1.0
+    assert 0.0 < costmodel.burst_share(m, "mpi", 1 << 24, P) < 0.01
