@@ -99,7 +99,6 @@ def concurrency(primitive: str, P: int) -> float:
 
 def wire_bytes(primitive: str, P: int) -> float:
     """Bytes all P ranks together put on the wire per byte of the model's m."""
-    _shape(primitive)
     return float({
         "p2p": 2 * (P // 2),
         "allgather": P * (P - 1),

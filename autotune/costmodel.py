@@ -229,30 +229,29 @@ class Machine:
     # primitive times (each with the regime covering its message size), in the
     # shapes of autotune.profile's one table ----------------------------------------
     def _regime(self, link: Link, m: float, wire: float, wire0: float) -> tuple[float, float]:
-        """(alpha, beta) of the regime covering a message of m bytes.  On one
-        shared link with a measured burst (``link`` law, ``burst_s`` > 0) a
-        regime is a share of the bytes each call puts on the link (the token
-        bucket passes up to its burst at the medium's speed), so the message is looked up at the size that puts
-        as many bytes on the link at the profile's P (``link_P0``): ``wire``,
-        ``wire0`` are the link's bytes per byte of m at this P and at that one.
-        (A 1 Gbit/s profile at P = 4 priced Ok-Topk's 30 KB messages to each of
-        7 peers at P = 8 in its fast regime below 32 KB, 1.7 MB a call beyond
-        a 1 MB bucket: 92 ms predicted, 150 measured; BENCHMARKS.)"""
-        if self.law == "link" and self.burst_s > 0 and self.link_P0 and wire0 > 0 and wire > 0:
+        """(alpha, beta) of the regime covering a message of m bytes.  Behind a
+        measured token bucket (``link`` law, ``burst_s`` > 0) a regime is a share
+        of the bytes a call puts on the link (the bucket passes up to its burst
+        at the medium's speed), so the message is looked up at the size that puts
+        as many bytes on the link at the profile's P (``link_P0``); ``wire``,
+        ``wire0``: the link's bytes per byte of m at this P and at that one.  (A
+        1 Gbit/s profile at P = 4 priced Ok-Topk's 30 KB messages to each of 7
+        peers at P = 8 in its regime below 32 KB, though 1.7 MB a call passes a
+        1 MB bucket: 92 ms predicted, 150 measured; BENCHMARKS, "Selector regret".)"""
+        if self.law == "link" and self.burst_s > 0 and self.link_P0 and wire0 > 0:
             m = m * wire / wire0
         return link.at(m)
 
-    def _link_regime(self, link: Link, name: str, m: float, P: int) -> tuple[float, float]:
-        P0 = self.link_P0 or P
-        return self._regime(link, m, wire_bytes(name, P), wire_bytes(name, P0))
+    def _collective(self, name: str, link: Link, m: float, P: int) -> float:
+        wire0 = wire_bytes(name, self.link_P0 or P)
+        return model_time(name, *self._regime(link, m, wire_bytes(name, P), wire0), m, P)
 
     def t_p2p(self, m: float, active: int | None = None) -> float:
         """Beta was fitted with every rank sending at once; with ``active``
         senders it is scaled to their share of the link (``link`` law) or of
         the cores they share (``cores`` law, at ``Machine.at``'s P)."""
-        P0 = self.link_P0 or 2
-        senders = active if active is not None else 2 * ((self.ranks or 2) // 2)
-        a, b = self._regime(self.p2p, m, senders, wire_bytes("p2p", P0))
+        senders = active if active is not None else wire_bytes("p2p", self.ranks or 2)
+        a, b = self._regime(self.p2p, m, senders, wire_bytes("p2p", self.link_P0 or 2))
         if active is not None and self.law == "link" and self.ranks:
             b *= active / max(concurrency("p2p", self.ranks), 1.0)
         elif active is not None and self.law == "cores" and self.ranks and self.cores:
@@ -260,16 +259,16 @@ class Machine:
         return model_time("p2p", a, b, m, 2)
 
     def t_allgather(self, m: float, P: int) -> float:
-        return model_time("allgather", *self._link_regime(self.allgather, "allgather", m, P), m, P)
+        return self._collective("allgather", self.allgather, m, P)
 
     def t_alltoall(self, m: float, P: int) -> float:
-        return model_time("alltoallv", *self._link_regime(self.alltoall, "alltoallv", m, P), m, P)
+        return self._collective("alltoallv", self.alltoall, m, P)
 
     def t_allreduce(self, m: float, P: int) -> float:
-        return model_time("allreduce", *self._link_regime(self.allreduce, "allreduce", m, P), m, P)
+        return self._collective("allreduce", self.allreduce, m, P)
 
     def t_bcast(self, m: float, P: int) -> float:
-        return model_time("bcast", *self._link_regime(self.bcast, "bcast", m, P), m, P)
+        return self._collective("bcast", self.bcast, m, P)
 
     def dense_passes(self, n: float, streams: int = _EF_STREAMS,
                      active: int | None = None) -> float:
