@@ -121,8 +121,8 @@ class Machine:
     # seconds of the drained link's time a call starting on an idle link passes in its
     # burst (a shaped link's token bucket: profile's link_burst bytes x its s/byte)
     burst_s: float = 0.0
-    # on one shared link (law "link"): the P the primitives were measured at, where a
-    # message's regime is looked up (``_regime``), set by Machine.at
+    # on a shared host, the P the primitives were measured at (set by Machine.at): behind
+    # a measured bucket a message's regime is looked up at the link bytes of that P (_regime)
     link_P0: int | None = None
     _at: dict = field(default_factory=dict, compare=False, repr=False)
 
