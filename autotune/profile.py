@@ -62,18 +62,42 @@ from ._profile_schema import SCHEMA, VERSION, ProfileError, _parse, migrate, val
 # Keys that identify the machine (compared by matches_current).  Hosts and P
 # are recorded but not compared: a cluster hands out different nodes, and the
 # same machine is profiled at several P.
-MACHINE_KEYS = ("cpu_model", "gpu_model", "mpi_library", "nccl_version", "device", "network")
+# ``cpu_id`` came later: a profile without it is not compared on it.
+MACHINE_KEYS = ("cpu_model", "cpu_id", "gpu_model", "mpi_library", "nccl_version", "device",
+                "network")
 
 
-def cpu_model() -> str | None:
+def _cpuinfo() -> dict:
+    """The first processor's fields in /proc/cpuinfo, keys lower-cased ({} elsewhere)."""
+    out = {}
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.lower().startswith("model name"):
-                    return " ".join(line.split(":", 1)[1].split())
+                if not line.strip():
+                    break
+                key, _, value = line.partition(":")
+                out[key.strip().lower()] = " ".join(value.split())
     except OSError:
         pass
-    return platform.processor() or None
+    return out
+
+
+def cpu_model() -> str | None:
+    return _cpuinfo().get("model name") or platform.processor() or None
+
+
+def cpu_id() -> str | None:
+    """Vendor, family, model and stepping, e.g. ``AuthenticAMD family 26 model 2
+    stepping 1``: cloud VMs often show only a generic model name ("AMD EPYC") for
+    CPUs of different generations, whose caches and memory differ; None where
+    /proc/cpuinfo does not say (not Linux on x86)."""
+    info = _cpuinfo()
+    if "cpu family" not in info or "model" not in info:
+        return None
+    parts = [info.get("vendor_id", ""), f"family {info['cpu family']}", f"model {info['model']}"]
+    if "stepping" in info:
+        parts.append(f"stepping {info['stepping']}")
+    return " ".join(p for p in parts if p)
 
 
 def gpu_model(device: str = "cpu") -> str | None:
@@ -108,7 +132,7 @@ def local_fingerprint(*, device: str | None = None, network: str | None = None,
 
     Keys left None are unknown and not compared.
     """
-    fp = {"hosts": [socket.gethostname()], "cpu_model": cpu_model()}
+    fp = {"hosts": [socket.gethostname()], "cpu_model": cpu_model(), "cpu_id": cpu_id()}
     if device is not None:
         fp["device"] = device
         fp["gpu_model"] = gpu_model(device)
@@ -357,6 +381,8 @@ class Profile:
                 continue
             here, there = current.get(key), mine.get(key)
             if here is None and key not in ("gpu_model", "nccl_version"):
+                continue
+            if key == "cpu_id" and key not in mine:  # recorded since 2026-12-02
                 continue
             if here != there:
                 diffs.append(f"{key} is {there!r} in the profile, {here!r} here")

@@ -250,12 +250,13 @@ def fingerprint_lines(prof: Profile) -> list[str]:
     host = ", ".join(hosts[:3]) + (f" (+{len(hosts) - 3})" if len(hosts) > 3 else "")
     rph = fp.get("ranks_per_host")
     nodes = -(-fp["P"] // rph) if isinstance(rph, int) and rph > 0 else len(hosts)
+    cpu = fp.get("cpu_model") if not fp.get("cpu_id") else f"{fp.get('cpu_model')} ({fp['cpu_id']})"
     return [
         f"profile {prof.path or ''}  ({prof.source}, created {prof.created}, "
         f"schema v{prof.version})",
         f"  machine: P={fp['P']} on {nodes} host(s) [{host}], device {fp['device']}, "
         f"network {fp['network']}",
-        f"  cpu {fp.get('cpu_model')}; gpu {fp.get('gpu_model')}; mpi {fp.get('mpi_library')}; "
+        f"  cpu {cpu}; gpu {fp.get('gpu_model')}; mpi {fp.get('mpi_library')}; "
         f"nccl {fp.get('nccl_version')}",
     ]
 

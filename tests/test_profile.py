@@ -320,6 +320,20 @@ def test_foreign_profile_warns_or_fails(tmp_path):
     assert cli("show", "--strict", str(path), check_rc=2).stderr.count("\n") == 1
 
 
+def test_a_cpu_of_another_family_under_the_same_name_is_foreign():
+    # cloud VMs name CPUs of several generations "AMD EPYC": family and model tell them apart
+    data = _valid()
+    data["fingerprint"]["cpu_model"] = "AMD EPYC"
+    here = {"cpu_model": "AMD EPYC", "cpu_id": "AuthenticAMD family 26 model 2 stepping 1"}
+    assert Profile(data).matches_current(here) == []  # recorded before cpu_id: not compared
+    data["fingerprint"]["cpu_id"] = "AuthenticAMD family 25 model 1 stepping 1"
+    assert Profile(data).matches_current(here) == [
+        "cpu_id is 'AuthenticAMD family 25 model 1 stepping 1' in the profile, "
+        "'AuthenticAMD family 26 model 2 stepping 1' here"]
+    data["fingerprint"]["cpu_id"] = here["cpu_id"]
+    assert Profile(data).matches_current(here) == []
+
+
 def test_same_machine_is_not_foreign():
     current = local_fingerprint()
     for f in SHIPPED:

@@ -13,7 +13,7 @@ import numpy as np
 
 from collectives import ALGORITHMS, MPICommunicator
 
-from ..profile import COMPUTE_KERNELS, PRIMITIVES, Profile, cpu_model, gpu_model, nccl_version
+from ..profile import COMPUTE_KERNELS, PRIMITIVES, Profile, cpu_id, cpu_model, gpu_model, nccl_version
 from .common import ProfilerError, _agree_error, _control, _loadavg, _xp
 from .fits import refit_profile
 from .measure import (_GPU_ALGO_EXTRA, _GPU_COMPUTE_EXTRA, count_algorithm_steps, idle_gap,
@@ -132,6 +132,7 @@ def fingerprint(comm, *, device: str, network: str | None) -> dict:
         "ranks_per_host": max(hosts.count(h) for h in uniq),
         "cores_per_host": os.cpu_count(),  # rank 0's host (the cost model's contention)
         "cpu_model": cpu_model(),
+        "cpu_id": cpu_id(),
         "gpu_model": gpu_model(device),
         "mpi_library": ctl.library_version(),
         "nccl_version": nccl_version(device),
