@@ -8,6 +8,12 @@ Strategies compared side by side: the learned selector, the bare cost model,
 always-dense (Rabenseifner) and always-oktopk.
 
     python -m benchmarks.regret --profile profiles/X.json --measured a.json b.json
+
+``--sets DIR`` scores every off-profile data set in DIR (``benchmarks/offprofile_set.sh``'s
+files) for one network and profile P, each against the goal (geomean <= 1.05, worst <= 1.3),
+with profiles made by plan variants cut back to the ``--quick`` plan's samples and refitted:
+
+    python -m benchmarks.regret --sets docs/data/offprofile --network slow --profile-P 4
 """
 from __future__ import annotations
 
@@ -83,11 +89,84 @@ def markdown(rows, summary) -> str:
     return "\n".join(out)
 
 
+# -- every off-profile data set of a directory ---------------------------------------
+GOAL = (1.05, 1.3)  # issue #23: geomean, worst regret per set
+_SWEEP_TAG = {"shm": "shm", "slow": "slowgap"}  # the sweeps' file tag per network
+
+
+def as_quick(data: dict) -> dict:
+    """A profile cut back to the ``--quick`` plan's samples (runs at its algorithm
+    sizes, primitive samples at its message sizes) and refitted: profiles made by
+    plan variants are scored as the plan users run would have made them."""
+    import copy
+
+    from autotune.profile import Profile
+    from autotune.profiler.driver import PLANS
+    from autotune.profiler.fits import refit_profile
+
+    plan = PLANS["quick"]
+    sizes = {1 << e for e in plan["algo_log2n"]}
+    nbytes = {1 << e for e in plan["log2_bytes"]}
+    runs = [r for r in data["runs"] if r["n"] in sizes]
+    extra = [rec for rec in data["primitives"].values()
+             if any(x["bytes"] not in nbytes for x in rec.get("samples") or [])]
+    if len(runs) == len(data["runs"]) and not extra:
+        return data
+    data = copy.deepcopy(data)
+    data["runs"] = runs
+    for rec in data["primitives"].values():
+        rec["samples"] = [x for x in rec.get("samples") or [] if x["bytes"] in nbytes]
+    return refit_profile(Profile(data)).data
+
+
+def score_sets(directory, network: str, profile_P: int):
+    """[(set name, (geomean, worst, points), rows)] of every set in ``directory``
+    with a profile at ``profile_P`` on ``network`` and sweeps of it."""
+    from pathlib import Path
+
+    from autotune.profile import Profile
+
+    d, tag = Path(directory), _SWEEP_TAG[network]
+    out = []
+    for prof_path in sorted(d.glob(f"*_prof{profile_P}_{network}_p{profile_P}.json")):
+        name = prof_path.name.split("_")[0]
+        if prof_path.name != f"{name}_prof{profile_P}_{network}_p{profile_P}.json":
+            continue  # a variant's profile of the set (``NAME_head_prof4_...``)
+        sweeps = sorted(d.glob(f"{name}[ab]_{tag}_p*.json"))
+        if not sweeps:
+            continue
+        rows, summary = evaluate(as_quick(Profile.load(prof_path).data), load_points(sweeps))
+        out.append((name, summary["learned selector"], rows))
+    return out
+
+
+def sets_markdown(scored) -> str:
+    """Each set's learned-selector regret, the cells above 1.15, and the count that met the goal."""
+    out = ["| set | geomean / worst | points above 1.15: P, n, pick (best) regret |", "|---|---|---|"]
+    met, every = 0, []
+    for name, (g, w, _), rows in scored:
+        ok = g <= GOAL[0] and w <= GOAL[1]
+        met += ok
+        every += [r["learned selector"][1] for r in rows if "learned selector" in r]
+        bad = "; ".join(f"{r['P']}, {r['n']}, {r['learned selector'][0]} ({r['best']}) "
+                        f"{r['learned selector'][1]:.2f}" for r in rows
+                        if r.get("learned selector", ("", 0))[1] > 1.15)
+        out.append(f"| {name} | {'' if ok else '**'}{g:.3f} / {w:.2f}{'' if ok else '**'} | {bad} |")
+    if every:
+        out += ["", f"met {met} of {len(scored)} sets; pooled over their points: geomean "
+                    f"{geometric_mean(every):.4f}, worst {max(every):.2f} ({len(every)} points)"]
+    return "\n".join(out)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.regret", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--profile", required=True)
-    ap.add_argument("--measured", nargs="+", required=True)
+    ap.add_argument("--profile")
+    ap.add_argument("--measured", nargs="+")
+    ap.add_argument("--sets", metavar="DIR", help="score every off-profile data set in DIR "
+                    "(with --network and --profile-P) instead of one --profile")
+    ap.add_argument("--network", choices=sorted(_SWEEP_TAG), default="shm")
+    ap.add_argument("--profile-P", type=int, default=4)
     ap.add_argument("--exclude", default="", help="algorithms to leave out (comma-separated)")
     ap.add_argument("--off-grid", action="store_true",
                     help="score only points whose (n, P, density) the profile never ran "
@@ -100,6 +179,11 @@ def main(argv=None) -> int:
                          "network terms fitted from the NAME (native) and dense rows, compute "
                          "costs from --profile (used for NCCL, which the profiler does not measure)")
     args = ap.parse_args(argv)
+    if args.sets:
+        print(sets_markdown(score_sets(args.sets, args.network, args.profile_P)))
+        return 0
+    if not (args.profile and args.measured):
+        ap.error("--profile and --measured are required without --sets")
     prof = Profile.load(args.profile).data
     if args.cv_baseline:
         rows, summary = cross_validate(prof, args.measured, args.cv_baseline)

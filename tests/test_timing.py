@@ -83,3 +83,34 @@ def test_bench_cli_stores_rows_with_their_settings(tmp_path):
     assert meta["order"] == "interleaved"           # auto: side by side on host data
     assert meta["options"]["repeat"] == 2 and meta["date_utc"].endswith("+00:00")
     assert meta["options"]["gap_ms"] == 1.0
+
+
+def test_off_profile_sets_are_scored_as_one_profile_and_its_sweeps(tmp_path):
+    import shutil
+
+    data = ROOT / "docs" / "data" / "offprofile"
+    files = [data / "g03_prof4_shm_p4.json", *sorted(data.glob("g03[ab]_shm_p*.json"))]
+    for f in files:
+        shutil.copy(f, tmp_path)
+    (tmp_path / "g03_prof2_shm_p2.json").write_text("{}")  # another P: not read
+    [(name, summary, rows)] = regret.score_sets(tmp_path, "shm", 4)
+    direct_rows, direct = regret.evaluate(json.loads(files[0].read_text()),
+                                          regret.load_points(files[1:]))
+    assert name == "g03" and summary == direct["learned selector"] and rows == direct_rows
+    met = summary[0] <= regret.GOAL[0] and summary[1] <= regret.GOAL[1]
+    assert f"met {int(met)} of 1 sets" in regret.sets_markdown([(name, summary, rows)])
+
+
+def test_a_plan_variants_profile_is_scored_with_the_quick_plans_samples():
+    from autotune.profiler.driver import PLANS
+
+    data = ROOT / "docs" / "data" / "offprofile"
+    quick = json.loads((data / "g03_prof4_shm_p4.json").read_text())
+    assert regret.as_quick(quick) is quick  # a --quick profile as it is
+    variant = json.loads((data / "q01_prof4_shm_p4.json").read_text())  # primitives to 16 MiB
+    cut = regret.as_quick(variant)
+    assert {r["n"] for r in cut["runs"]} == {1 << e for e in PLANS["quick"]["algo_log2n"]}
+    top = 1 << max(PLANS["quick"]["log2_bytes"])
+    assert max(x["bytes"] for x in variant["primitives"]["p2p"]["samples"]) > top
+    assert max(x["bytes"] for x in cut["primitives"]["p2p"]["samples"]) == top
+    assert cut["primitives"]["p2p"]["beta_s_per_byte"] != variant["primitives"]["p2p"]["beta_s_per_byte"]
