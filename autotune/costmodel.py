@@ -11,7 +11,8 @@ bandwidth ``beta`` (s/byte) fitted by the profiler with these shapes:
 
 where a profile with regime segments gives each message size the (a, b) of
 the segment covering it, and local compute costs t = c0 + c1 * elements for exact top-k selection,
-threshold selection and sparse reduction.  ``predict(algorithm, n, P,
+threshold selection and sparse reduction, with the (c0, c1) of the kernel's size regime
+covering the call's elements (the caches, then DRAM: ``profile.Linear``).  ``predict(algorithm, n, P,
 density)`` composes them into the algorithm's time per call: every algorithm
 registered in ``collectives.ALGORITHMS`` states its own terms (its ``cost``,
 written against ``collectives.Prices``, which ``Machine`` implements).
@@ -155,7 +156,7 @@ class Machine:
                         tuple((m, x * a, y * b) for m, x, y in lk.segments))
 
         def lin(c: Linear | None) -> Linear | None:
-            return None if c is None else Linear(c.c0 * compute, c.c1 * compute)
+            return None if c is None else c.scaled(compute)
 
         return replace(
             self, p2p=link(self.p2p, "p2p"), allgather=link(self.allgather, "allgather"),
@@ -285,8 +286,8 @@ class Machine:
         if active is not None and self.ranks and self.cores:
             share = _per_core(active, self.cores) / _per_core(self.ranks, self.cores)
         if self.stream is not None:  # measured: acc = r + x, 3 streams per element
-            return share * streams / 3 * self.stream.c1 * max(n, 0.0)
-        return share * streams * self.threshold.c1 * max(n, 0.0)
+            return share * streams / 3 * self.stream.rate(n) * max(n, 0.0)
+        return share * streams * self.threshold.rate(n) * max(n, 0.0)
 
 
 def _k(n: int, density: float) -> int:

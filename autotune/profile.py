@@ -359,7 +359,11 @@ class Profile:
         """The ``kind`` kernel's ``t = c0 + c1*n`` (None where not measured:
         ``stream`` in profiles before 2026-11-26 13:00)."""
         c = self.data["compute"].get(kind)
-        return None if c is None else Linear(float(c["c0_s"]), float(c["c1_s_per_elem"]))
+        if c is None:
+            return None
+        segs = tuple((int(sg["from_elems"]), float(sg["c0_s"]), float(sg["c1_s_per_elem"]))
+                     for sg in c.get("segments") or ())
+        return Linear(float(c["c0_s"]), float(c["c1_s_per_elem"]), segs)
 
     def xi_by_density(self, field: str | None = None) -> dict:
         """{density string: value or None}: xi's, or those of ``xi[field]``

@@ -4,6 +4,7 @@ One real profile is measured under mpiexec at P=2 with the test-only plan
 ``--sizes tiny`` (a few seconds) and shared by the tests of this module.
 """
 import copy
+import dataclasses
 import json
 import subprocess
 import sys
@@ -525,6 +526,46 @@ def test_segment_at_and_predict_use_the_covering_segment():
     link = costmodel.Link(1.0, 1.0, tuple((s["from_bytes"], s["alpha_s"], s["beta_s_per_byte"])
                                          for s in rec["segments"]))
     assert link.at(100) == (1e-6, 1e-9) and link.at(1 << 20) == (1e-5, 1e-10)
+
+
+def _kernel_samples(rates, log2n, noise, seed):
+    """Compute samples of every kernel: c0 + c1 n with c1 from ``rates`` [(from_n, c1)]."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for kernel in ("topk", "threshold", "reduce", "scatter_add", "stream"):
+        for e in log2n:
+            n = 1 << e
+            c1 = next(c for start, c in reversed(rates) if n >= start)
+            t = (2e-5 + c1 * n) * (1 + noise * rng.standard_normal(5))
+            out.append({"kernel": kernel, "n": n, "times_s": [float(v) for v in t]})
+    return out
+
+
+def test_kernels_are_priced_in_the_regime_of_their_size():
+    # in cache 0.3 ns / element, from DRAM 0.9 beyond 2^21 (a 2-core VM's threshold scan)
+    from autotune.profiler.driver import PLANS
+
+    seed = int(np.random.default_rng().integers(1 << 30))
+    log2n = PLANS["quick"]["compute_log2n"]
+    rec = profiler.fit_compute(_kernel_samples([(0, 3e-10), (1 << 21, 9e-10)], log2n, 0.01, seed))
+    segs = rec["threshold"]["segments"]
+    assert len(segs) == 2, (seed, segs)
+    assert segs[1]["c1_s_per_elem"] == pytest.approx(9e-10, rel=0.1), seed
+    data = json.loads(_shipped_measured().read_text())
+    data["compute"].update(rec)
+    fit = Profile(data).compute("threshold")
+    for e, c1 in ((16, 3e-10), (24, 9e-10)):
+        assert fit(1 << e) == pytest.approx(2e-5 + c1 * (1 << e), rel=0.1), (seed, e)
+        assert fit.rate(1 << e) == pytest.approx(c1, rel=0.15), (seed, e)
+    m = costmodel.Machine.from_profile(Profile.load(_shipped_measured()))
+    m = dataclasses.replace(m, threshold=fit, contention=None)
+    assert m.dense_passes(1 << 24, 3) == pytest.approx(3 * fit.rate(1 << 24) * (1 << 24))
+    # the old plan's six sizes leave room for one regime: the single line, as before
+    old = profiler.fit_compute(_kernel_samples([(0, 3e-10), (1 << 21, 9e-10)],
+                                               [12, 14, 16, 18, 20, 22], 0.01, seed))
+    line = old["threshold"]
+    assert [(s["c0_s"], s["c1_s_per_elem"]) for s in line["segments"]] == \
+        [(line["c0_s"], line["c1_s_per_elem"])]
 
 
 def _shipped_measured():

@@ -13,14 +13,19 @@ import numpy as np
 
 from collectives import ALGORITHMS, MPICommunicator
 
-from ..profile import COMPUTE_KERNELS, PRIMITIVES, Profile, cpu_id, cpu_model, gpu_model, nccl_version
+from ..profile import PRIMITIVES, Profile, cpu_id, cpu_model, gpu_model, nccl_version
 from .common import ProfilerError, _agree_error, _control, _loadavg, _xp
 from .fits import refit_profile
-from .measure import (_GPU_ALGO_EXTRA, _GPU_COMPUTE_EXTRA, count_algorithm_steps, idle_gap,
+from .measure import (_GPU_ALGO_EXTRA, count_algorithm_steps, count_compute_steps, idle_gap,
                       measure_algorithms, measure_burst, measure_compute, measure_primitives,
                       primitive_sizes, process_counts)
 from .xi import load_gradient_dir, xi_from_files, xi_from_training
 
+
+# The kernels' sizes: every octave from 2^20 up to 2^24 (64 MiB, past the last-level cache
+# of most CPUs), where a kernel's rate changes as its vectors leave each cache level and
+# the size regimes (fits.fit_compute) need four sizes each.
+_COMPUTE_LOG2N = [12, 14, 16, 18, 20, 21, 22, 23, 24]
 
 # What each --sizes plan measures.  "tiny" exists for the test-suite.
 PLANS = {
@@ -32,14 +37,14 @@ PLANS = {
     "quick": dict(
         log2_bytes=list(range(2, 23)), prim_warmup=2, prim_repeat=15, prim_budget_s=0.3,
         algo_log2n=[12, 14, 16, 18, 20], densities=[0.01], algo_warmup=3, algo_repeat=5,
-        algo_budget_s=0.3, odd_process_counts=True, compute_log2n=[12, 14, 16, 18, 20, 22],
+        algo_budget_s=0.3, odd_process_counts=True, compute_log2n=_COMPUTE_LOG2N,
         compute_repeat=5, xi_steps=40, xi_every=4, xi_densities=[0.001, 0.01, 0.05, 0.1]),
     "full": dict(
         log2_bytes=list(range(2, 27)), half_octaves=True, prim_warmup=3, prim_repeat=11,
         prim_budget_s=4.0,
         algo_log2n=[12, 14, 16, 18, 20], densities=[0.001, 0.01, 0.05], algo_warmup=5,
         algo_repeat=7, algo_budget_s=3.0, lossless_log2n=[22, 23, 24], odd_process_counts=True,
-        compute_log2n=[12, 14, 16, 18, 20, 22],
+        compute_log2n=_COMPUTE_LOG2N,
         compute_repeat=7, xi_steps=300, xi_every=10, xi_densities=[0.001, 0.01, 0.05, 0.1]),
 }
 
@@ -224,8 +229,7 @@ def run_profile(comm, *, plan_name: str = "quick", device: str = "cpu", network:
     burst_here = shared_medium and device == "cpu"
     total = (len(PRIMITIVES) * n_sizes + int(burst_here)
              + count_algorithm_steps(comm.size, plan, names)
-             + len(COMPUTE_KERNELS) * (len(plan["compute_log2n"])
-                                       + (len(_GPU_COMPUTE_EXTRA) if device == "gpu" else 0))
+             + count_compute_steps(plan, device)
              + (0 if gradients else plan["xi_steps"]))
     progress = _Progress(comm, total, quiet)
     try:

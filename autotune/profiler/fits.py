@@ -435,9 +435,25 @@ def fit_compute(samples: list[dict]) -> dict:
             X = np.array([[1.0, s["n"]] for s in ss])
             t = np.array([np.median(s["times_s"]) for s in ss])
             (c0, c1), (e0, e1) = fit_linear(X, t)
-            rel = np.abs(X @ np.array([c0, c1]) - t) / t
-            rec[kernel] = {"c0_s": c0, "c1_s_per_elem": c1, "c0_stderr": e0, "c1_stderr": e1,
-                           "fit_median_rel_err": float(np.median(rel))}
+            rec[kernel] = {"c0_s": c0, "c1_s_per_elem": c1, "c0_stderr": e0, "c1_stderr": e1}
+            m = X[:, 1]
+            if kernel == "stream":
+                segments = [{"from_elems": int(m[0]), "c0_s": c0, "c1_s_per_elem": c1}]
+            else:  # size regimes, chosen as a primitive's are (the caches, then DRAM)
+                bounds, _ = choose_segments(X, np.maximum(t, 1e-12), m)
+                starts = _starts([m[lo] for lo in bounds[:-1]], [m[hi - 1] for hi in bounds[1:]])
+                segments = []
+                for lo, hi, start in zip(bounds, bounds[1:], starts):
+                    (s0, s1), _ = fit_linear(X[lo:hi], t[lo:hi]) if hi - lo < len(t) else \
+                        ((c0, c1), None)
+                    segments.append({"from_elems": int(start),
+                                     "measured_elems": [int(m[lo]), int(m[hi - 1])],
+                                     "c0_s": s0, "c1_s_per_elem": s1})
+            coef = [np.array([sg["c0_s"], sg["c1_s_per_elem"]]) for sg in segments]
+            starts = [sg["from_elems"] for sg in segments]
+            pred = np.array([X[i] @ coef[_segment_of(m[i], starts)] for i in range(len(t))])
+            rec[kernel].update(segments=segments,
+                               fit_median_rel_err=float(np.median(np.abs(pred - t) / t)))
         else:
             rec[kernel] = {"c0_s": 0.0, "c1_s_per_elem": 0.0}
     return rec

@@ -16,6 +16,8 @@ from .fits import fit_compute, fit_primitive, heldout_mask
 
 _KINDS = ("select", "comm", "reduce", "control", "other")
 _GPU_COMPUTE_EXTRA = (24, 26)  # extra log2 sizes of the compute sweep on a GPU
+# The sparse merges price k or k * P entries (a few million at most): not timed above this.
+_MERGE_MAX_LOG2N = 22
 _GPU_ALGO_EXTRA = (22, 24)     # extra log2 sizes of the algorithm runs on a GPU
 _BATCH_TARGET_S = 5e-3  # small messages are timed in batches of about this long
 
@@ -314,41 +316,55 @@ def count_algorithm_steps(P: int, plan, names) -> int:
 
 
 # -- 3. local compute ----------------------------------------------------------------
+def compute_sizes(plan, device: str) -> list[int]:
+    """The log2 sizes the kernels are timed at."""
+    sizes = list(plan["compute_log2n"])
+    if device == "gpu":
+        # per-element costs on a GPU only show above a few million elements (below,
+        # launch and synchronisation dominate): extend the sweep so the slope is
+        # measured where the collectives run, not extrapolated from 2^20
+        sizes += [e for e in _GPU_COMPUTE_EXTRA if e > max(sizes)]
+    return sizes
+
+
+def _merges_at(e: int, device: str) -> bool:
+    return device == "gpu" or e <= _MERGE_MAX_LOG2N
+
+
+def count_compute_steps(plan, device: str) -> int:
+    return sum(3 + 2 * _merges_at(e, device) for e in compute_sizes(plan, device))
+
+
 def measure_compute(comm, plan, *, device: str, xp, sync, progress, density: float = 0.01):
     """Rank 0 times the kernels alone; returns the ``compute`` record (rank 0)."""
     samples = []
     if comm.rank == 0:
         rng = np.random.default_rng(1)
         rep = plan["compute_repeat"]
-        sizes = list(plan["compute_log2n"])
-        if device == "gpu":
-            # per-element costs on a GPU only show above a few million elements (below,
-            # launch and synchronisation dominate): extend the sweep so the slope is
-            # measured where the collectives run, not extrapolated from 2^20
-            sizes += [e for e in _GPU_COMPUTE_EXTRA if e > max(sizes)]
-        for e in sizes:
+        for e in compute_sizes(plan, device):
             n = 1 << e
             x = xp.asarray(gradient_like(n, rng))
             k = kernels.k_from_density(n, density)
             thr = kernels.kth_magnitude(x, k)
-            parts = 4  # a reduction merges several ranks' COO sets
-            m = n // parts
-            # sorted, distinct indices spread over [0, 4n): one random slot per stride of 4*parts
-            idx = [xp.asarray((np.arange(m, dtype=np.int64) * (4 * parts)
-                               + rng.integers(0, 4 * parts, m)).astype(np.int32))
-                   for _ in range(parts)]
-            val = [xp.asarray(rng.standard_normal(n // parts).astype(np.float32))
-                   for _ in range(parts)]
-            dense = xp.zeros(4 * n, dtype=np.float32)
-            cat_i, cat_v = xp.concatenate(idx), xp.concatenate(val)
             y, acc = xp.asarray(gradient_like(n, rng)), xp.empty_like(x)
             cases = {
                 "topk": (lambda: kernels.topk_select(x, k), n),
                 "threshold": (lambda: kernels.threshold_select(x, thr), n),
-                "reduce": (lambda: kernels.coo_sum(idx, val, 4 * n), n),
-                "scatter_add": (lambda: kernels.scatter_add(dense, cat_i, cat_v), n),
                 "stream": (lambda: xp.add(x, y, out=acc), n),
             }
+            if _merges_at(e, device):
+                parts = 4  # a reduction merges several ranks' COO sets
+                m = n // parts
+                # sorted, distinct indices over [0, 4n): one random slot per stride of 4*parts
+                idx = [xp.asarray((np.arange(m, dtype=np.int64) * (4 * parts)
+                                   + rng.integers(0, 4 * parts, m)).astype(np.int32))
+                       for _ in range(parts)]
+                val = [xp.asarray(rng.standard_normal(n // parts).astype(np.float32))
+                       for _ in range(parts)]
+                dense = xp.zeros(4 * n, dtype=np.float32)
+                cat_i, cat_v = xp.concatenate(idx), xp.concatenate(val)
+                cases["reduce"] = (lambda: kernels.coo_sum(idx, val, 4 * n), n)
+                cases["scatter_add"] = (lambda: kernels.scatter_add(dense, cat_i, cat_v), n)
             for kernel, (fn, count) in cases.items():
                 times = timeit(fn, warmup=1, repeat=rep, sync=sync)
                 samples.append({"kernel": kernel, "n": count, "density": density
