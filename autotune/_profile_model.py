@@ -109,6 +109,18 @@ def wire_bytes(primitive: str, P: int) -> float:
     }[primitive])
 
 
+def _covering(segments, size: float, line: tuple) -> tuple[float, float]:
+    """The two coefficients of the segment ``(from, x, y)`` covering ``size`` (the first
+    also covers everything below it); ``line`` without segments."""
+    out = line
+    for i, (start, x, y) in enumerate(segments):
+        if i == 0 or size >= start:
+            out = (x, y)
+        else:
+            break
+    return out
+
+
 @dataclass(frozen=True)
 class Link:
     """A primitive's alpha (s) and beta (s/byte) and its size regimes.
@@ -128,13 +140,7 @@ class Link:
 
     def at(self, m: float) -> tuple[float, float]:
         """(alpha, beta) for a message of m bytes (the model's m): THE segment lookup."""
-        a, b = self.alpha, self.beta
-        for i, (start, sa, sb) in enumerate(self.segments):
-            if i == 0 or m >= start:
-                a, b = sa, sb
-            else:
-                break
-        return a, b
+        return _covering(self.segments, m, (self.alpha, self.beta))
 
     @classmethod
     def of(cls, rec: dict) -> "Link":
@@ -173,13 +179,7 @@ class Linear:
 
     def at(self, elems: float) -> tuple[float, float]:
         """(c0, c1) of the regime covering ``elems``."""
-        c0, c1 = self.c0, self.c1
-        for i, (start, s0, s1) in enumerate(self.segments):
-            if i == 0 or elems >= start:
-                c0, c1 = s0, s1
-            else:
-                break
-        return c0, c1
+        return _covering(self.segments, elems, (self.c0, self.c1))
 
     def rate(self, elems: float) -> float:
         """Seconds per element in the regime covering ``elems``."""
