@@ -12,9 +12,9 @@ bandwidth ``beta`` (s/byte) fitted by the profiler with these shapes:
 where a profile with regime segments gives each message size the (a, b) of
 the segment covering it, and local compute costs t = c0 + c1 * elements for exact top-k selection,
 threshold selection and sparse reduction, with the (c0, c1) of the kernel's size regime
-covering the call's elements (the caches, then DRAM: ``profile.Linear``).  ``predict(algorithm, n, P,
-density)`` composes them into the algorithm's time per call: every algorithm
-registered in ``collectives.ALGORITHMS`` states its own terms (its ``cost``,
+covering the call's elements (the caches, then DRAM: ``profile.Linear``).
+``predict(algorithm, n, P, density)`` composes them into the algorithm's time per
+call: every algorithm registered in ``collectives.ALGORITHMS`` states its own terms (its ``cost``,
 written against ``collectives.Prices``, which ``Machine`` implements).
 
 On a CPU profiled on one host, ranks share the host's cores: with P ranks on

@@ -141,8 +141,9 @@ def score_sets(directory, network: str, profile_P: int):
 
 
 def sets_markdown(scored) -> str:
-    """Each set's learned-selector regret, the cells above 1.15, and the count that met the goal."""
-    out = ["| set | geomean / worst | points above 1.15: P, n, pick (best) regret |", "|---|---|---|"]
+    """Each set's learned-selector regret, its cells above 1.15, and the count that met the goal."""
+    out = ["| set | geomean / worst | points above 1.15: P, n, pick (best) regret |",
+           "|---|---|---|"]
     met, every = 0, []
     for name, (g, w, _), rows in scored:
         ok = g <= GOAL[0] and w <= GOAL[1]
@@ -151,7 +152,8 @@ def sets_markdown(scored) -> str:
         bad = "; ".join(f"{r['P']}, {r['n']}, {r['learned selector'][0]} ({r['best']}) "
                         f"{r['learned selector'][1]:.2f}" for r in rows
                         if r.get("learned selector", ("", 0))[1] > 1.15)
-        out.append(f"| {name} | {'' if ok else '**'}{g:.3f} / {w:.2f}{'' if ok else '**'} | {bad} |")
+        mark = "" if ok else "**"
+        out.append(f"| {name} | {mark}{g:.3f} / {w:.2f}{mark} | {bad} |")
     if every:
         out += ["", f"met {met} of {len(scored)} sets; pooled over their points: geomean "
                     f"{geometric_mean(every):.4f}, worst {max(every):.2f} ({len(every)} points)"]

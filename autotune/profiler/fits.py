@@ -317,6 +317,27 @@ def _design(name: str, samples: list[dict]):
     return samples, m, X, t, held
 
 
+def _regimes(X, t, m):
+    """Size regimes of ``t ~ X c`` over the ascending sizes ``m``: the split
+    :func:`choose_segments` picks, each segment fitted by :func:`fit_linear`.
+    Returns ([{"start", "lo", "hi", "coef", "stderr", "weights", "method"}], scores)."""
+    bounds, scores = choose_segments(X, t, m)
+    starts = _starts([m[lo] for lo in bounds[:-1]], [m[hi - 1] for hi in bounds[1:]])
+    out = []
+    for lo, hi, start in zip(bounds, bounds[1:], starts):
+        coef, err, w, info = fit_linear(X[lo:hi], t[lo:hi], return_info=True)
+        out.append({"start": start, "lo": lo, "hi": hi, "coef": coef, "stderr": err,
+                    "weights": w, "method": info["method"]})
+    return out, scores
+
+
+def _regime_predict(regimes, X, m) -> np.ndarray:
+    """Each size's prediction by the regime covering it."""
+    starts = [r["start"] for r in regimes]
+    return np.array([X[i] @ np.asarray(regimes[_segment_of(m[i], starts)]["coef"])
+                     for i in range(len(m))])
+
+
 def fit_segments(name: str, samples: list[dict]) -> dict:
     """The regime-aware piecewise model of one primitive, fitted on its
     non-held-out samples: ``segments``, ``segments_loo_mean_rel_err``, the
@@ -325,25 +346,19 @@ def fit_segments(name: str, samples: list[dict]) -> dict:
     :func:`fit_primitive` adds the single line."""
     samples, m, X, t, held = _design(name, samples)
     fit = ~held
-    Xf, tf, mf = X[fit], t[fit], m[fit]
-    bounds, scores = choose_segments(Xf, tf, mf)
-    segments, weights = [], np.ones(len(tf))
-    starts = _starts([mf[lo] for lo in bounds[:-1]], [mf[hi - 1] for hi in bounds[1:]])
-    for lo, hi, start in zip(bounds, bounds[1:], starts):
-        (sa, sb), (sea, seb), w, sinfo = fit_linear(Xf[lo:hi], tf[lo:hi], return_info=True)
-        weights[lo:hi] = w
-        segments.append({"from_bytes": start, "measured_bytes": [int(mf[lo]), int(mf[hi - 1])],
-                         "alpha_s": sa, "beta_s_per_byte": sb, "alpha_stderr": sea,
-                         "beta_stderr": seb, "sizes": hi - lo, "fit_method": sinfo["method"]})
-    coef = [np.array([sg["alpha_s"], sg["beta_s_per_byte"]]) for sg in segments]
-    pred = np.array([X[i] @ coef[_segment_of(m[i], starts)] for i in range(len(t))])
-    rel = np.abs(pred - t) / t
+    mf = m[fit]
+    regimes, scores = _regimes(X[fit], t[fit], mf)
+    segments = [{"from_bytes": r["start"],
+                 "measured_bytes": [int(mf[r["lo"]]), int(mf[r["hi"] - 1])], "alpha_s": r["coef"][0], "beta_s_per_byte": r["coef"][1],
+                 "alpha_stderr": r["stderr"][0], "beta_stderr": r["stderr"][1],
+                 "sizes": r["hi"] - r["lo"], "fit_method": r["method"]} for r in regimes]
+    rel = np.abs(_regime_predict(regimes, X, m) - t) / t
     return {
         "segments": segments,
         "segments_loo_mean_rel_err": {str(k): v for k, v in scores.items()},
         "heldout_median_rel_err": float(np.median(rel[held])) if held.any() else None,
         "fit_median_rel_err": float(np.median(rel[fit])),
-        "weights": weights,
+        "weights": np.concatenate([r["weights"] for r in regimes]),
     }
 
 
@@ -437,23 +452,16 @@ def fit_compute(samples: list[dict]) -> dict:
             (c0, c1), (e0, e1) = fit_linear(X, t)
             rec[kernel] = {"c0_s": c0, "c1_s_per_elem": c1, "c0_stderr": e0, "c1_stderr": e1}
             m = X[:, 1]
-            if kernel == "stream":
-                segments = [{"from_elems": int(m[0]), "c0_s": c0, "c1_s_per_elem": c1}]
+            if kernel == "stream":  # one line on its largest sizes
+                pred = X @ np.array([c0, c1])
             else:  # size regimes, chosen as a primitive's are (the caches, then DRAM)
-                bounds, _ = choose_segments(X, np.maximum(t, 1e-12), m)
-                starts = _starts([m[lo] for lo in bounds[:-1]], [m[hi - 1] for hi in bounds[1:]])
-                segments = []
-                for lo, hi, start in zip(bounds, bounds[1:], starts):
-                    (s0, s1), _ = fit_linear(X[lo:hi], t[lo:hi]) if hi - lo < len(t) else \
-                        ((c0, c1), None)
-                    segments.append({"from_elems": int(start),
-                                     "measured_elems": [int(m[lo]), int(m[hi - 1])],
-                                     "c0_s": s0, "c1_s_per_elem": s1})
-            coef = [np.array([sg["c0_s"], sg["c1_s_per_elem"]]) for sg in segments]
-            starts = [sg["from_elems"] for sg in segments]
-            pred = np.array([X[i] @ coef[_segment_of(m[i], starts)] for i in range(len(t))])
-            rec[kernel].update(segments=segments,
-                               fit_median_rel_err=float(np.median(np.abs(pred - t) / t)))
+                regimes, _ = _regimes(X, np.maximum(t, 1e-12), m)
+                rec[kernel]["segments"] = [
+                    {"from_elems": int(r["start"]), "measured_elems": [int(m[r["lo"]]),
+                                                                       int(m[r["hi"] - 1])],
+                     "c0_s": r["coef"][0], "c1_s_per_elem": r["coef"][1]} for r in regimes]
+                pred = _regime_predict(regimes, X, m)
+            rec[kernel]["fit_median_rel_err"] = float(np.median(np.abs(pred - t) / t))
         else:
             rec[kernel] = {"c0_s": 0.0, "c1_s_per_elem": 0.0}
     return rec
