@@ -3,7 +3,7 @@
 ``show`` prints the fingerprint, per primitive alpha (us), beta (as GB/s),
 the fit's held-out error and the bus bandwidth as nccl-tests defines it, the
 regime segments (size ranges with their own alpha and beta), the
-selection and reduction cost per element (ns), xi, and the fastest algorithm
+selection and reduction cost per element (ns) with each kernel's size regimes, xi, and the fastest algorithm
 per (n, P, density) among the measured runs.  ``plot`` writes PNGs of the
 fits (measured medians, the regime segments and the single line, log-log)
 and of the measured
@@ -144,14 +144,29 @@ def segment_lines(prof: Profile) -> list[str]:
 
 def compute_lines(prof: Profile) -> list[str]:
     units = prof.data["compute"].get("units") or {}
-    lines = [f"local compute on {prof.compute_device} (t = c0 + c1*n):"]
+    lines = [f"local compute on {prof.compute_device} (t = c0 + c1*n; predictions: the regime "
+             "covering n):"]
     for k in COMPUTE_KERNELS:
         fit = prof.compute(k)
         if fit is not None:
             unit = units.get(k, "per element")
             lines.append(f"  {k:12s} c0 {1e6 * fit.c0:9.2f} us   c1 "
                          f"{1e9 * fit.c1:8.4g} ns/elem   ({unit})")
+            if fit.segments:
+                lines.append(f"  {'':12s} regimes " + "; ".join(
+                    f"[{'0' if i == 0 else _elems(m)}, "
+                    f"{_elems(fit.segments[i + 1][0]) if i + 1 < len(fit.segments) else 'inf'}) "
+                    f"c0 {1e6 * c0:.2f} us c1 {1e9 * c1:.4g} ns"
+                    for i, (m, c0, c1) in enumerate(fit.segments)))
     return lines
+
+
+def _elems(n: int) -> str:
+    """An element count, short: 524288 -> 512K, 1482911 -> 1.41M."""
+    for unit, div in (("M", 1 << 20), ("K", 1 << 10)):
+        if n >= div:
+            return f"{n / div:.3g}{unit}"
+    return str(n)
 
 
 def _by_density(by: dict) -> str:
@@ -418,11 +433,11 @@ def plot(prof: Profile, outdir) -> list[Path]:
             fit = prof.compute(k)
             if fit:
                 nn = np.logspace(np.log10(n.min()), np.log10(n.max()), 50)
-                ax.loglog(nn, fit.c0 + fit.c1 * nn, "-", color=f"C{i}")
+                ax.loglog(nn, [fit(v) for v in nn], "-", color=f"C{i}")
         ax.set_xlabel("n (elements)")
         ax.set_ylabel("time (s)")
         ax.set_title(f"local compute ({prof.compute_device}): points measured, "
-                     "lines c0 + c1*n", fontsize=9)
+                     "lines the fits predictions use", fontsize=9)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
         fig.tight_layout()
