@@ -3,8 +3,9 @@
 ``show`` prints the fingerprint, per primitive alpha (us), beta (as GB/s),
 the fit's held-out error and the bus bandwidth as nccl-tests defines it, the
 regime segments (size ranges with their own alpha and beta), the
-selection and reduction cost per element (ns) with each kernel's size regimes, xi, and the fastest algorithm
-per (n, P, density) among the measured runs.  ``plot`` writes PNGs of the
+selection and reduction cost per element (ns) with each kernel's size
+regimes, xi, and the fastest algorithm per (n, P, density) among the
+measured runs.  ``plot`` writes PNGs of the
 fits (measured medians, the regime segments and the single line, log-log)
 and of the measured
 time of every algorithm versus n.  matplotlib is optional (``pip install
