@@ -112,12 +112,23 @@ def busy_burst_warning(prof: Profile) -> str | None:
             "profile again on a quiet host")
 
 
-def _size(b: float) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+def _size(b: float, units=(" GiB", " MiB", " KiB", " B")) -> str:
+    """A byte count, short (1.5 MiB); with ``units`` ("G", "M", "K", "") an element count."""
+    for unit, scale in zip(units, (1 << 30, 1 << 20, 1 << 10)):
         if b >= scale:
             v = b / scale
-            return f"{v:.0f} {unit}" if v == int(v) else f"{v:.3g} {unit}"
-    return f"{b:.0f} B"
+            return f"{v:.0f}{unit}" if v == int(v) else f"{v:.3g}{unit}"
+    return f"{b:.0f}{units[-1]}"
+
+
+def _elems(n: float) -> str:
+    return _size(n, ("G", "M", "K", ""))
+
+
+def _ranges(starts, fmt) -> list[str]:
+    """'[lo, hi)' of each segment from its start (the first from 0, the last to inf)."""
+    ends = [fmt(m) for m in starts[1:]] + ["inf"]
+    return [f"[{'0' if i == 0 else fmt(m)}, {end})" for i, (m, end) in enumerate(zip(starts, ends))]
 
 
 def segment_lines(prof: Profile) -> list[str]:
@@ -132,13 +143,10 @@ def segment_lines(prof: Profile) -> list[str]:
         fit = prof.primitive(name, None)
         if fit is None or not fit.segments:
             continue
-        parts = []
         segs = fit.record["segments"]
-        for i, sg in enumerate(segs):
-            lo = "0" if i == 0 else _size(sg["from_bytes"])
-            hi = _size(segs[i + 1]["from_bytes"]) if i + 1 < len(segs) else "inf"
-            parts.append(f"[{lo}, {hi}) a {1e6 * sg['alpha_s']:.2f} us 1/b "
-                         f"{_gbps(sg['beta_s_per_byte']).strip()} GB/s")
+        parts = [f"{r} a {1e6 * sg['alpha_s']:.2f} us 1/b "
+                 f"{_gbps(sg['beta_s_per_byte']).strip()} GB/s"
+                 for r, sg in zip(_ranges([sg["from_bytes"] for sg in segs], _size), segs)]
         lines.append(f"  {name:11s} " + "; ".join(parts))
     return lines
 
@@ -155,19 +163,9 @@ def compute_lines(prof: Profile) -> list[str]:
                          f"{1e9 * fit.c1:8.4g} ns/elem   ({unit})")
             if fit.segments:
                 lines.append(f"  {'':12s} regimes " + "; ".join(
-                    f"[{'0' if i == 0 else _elems(m)}, "
-                    f"{_elems(fit.segments[i + 1][0]) if i + 1 < len(fit.segments) else 'inf'}) "
-                    f"c0 {1e6 * c0:.2f} us c1 {1e9 * c1:.4g} ns"
-                    for i, (m, c0, c1) in enumerate(fit.segments)))
+                    f"{r} c0 {1e6 * c0:.2f} us c1 {1e9 * c1:.4g} ns" for r, (_, c0, c1) in
+                    zip(_ranges([sg[0] for sg in fit.segments], _elems), fit.segments)))
     return lines
-
-
-def _elems(n: int) -> str:
-    """An element count, short: 524288 -> 512K, 1482911 -> 1.41M."""
-    for unit, div in (("M", 1 << 20), ("K", 1 << 10)):
-        if n >= div:
-            return f"{n / div:.3g}{unit}"
-    return str(n)
 
 
 def _by_density(by: dict) -> str:

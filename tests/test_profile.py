@@ -213,12 +213,12 @@ def test_show(measured):
     for word in ("alpha us", "beta GB/s", "busbw", "held-out", "line h-o", "regimes", "topk",
                  "ns/elem", "xi", "fastest algorithm", "Open MPI"):
         assert word in out, word
-    fit = Profile.load(measured).compute("threshold")
-    if fit.segments:  # the kernel's regimes, as predictions use them
-        lines = out.splitlines()
-        row = lines[next(i for i, line in enumerate(lines) if line.startswith("  threshold")) + 1]
-        assert row.count("c1 ") == len(fit.segments), row
-        assert f"c1 {1e9 * fit.segments[-1][2]:.4g} ns" in row, row
+    fit = Profile.load(measured).compute("threshold")  # its regimes, as predictions use them
+    assert fit.segments
+    lines = out.splitlines()
+    row = lines[next(i for i, line in enumerate(lines) if line.startswith("  threshold")) + 1]
+    assert row.count("c1 ") == len(fit.segments), row
+    assert f"c1 {1e9 * fit.segments[-1][2]:.4g} ns" in row, row
 
 
 @pytest.mark.mpi
