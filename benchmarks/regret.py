@@ -96,26 +96,32 @@ _SWEEP_TAG = {"shm": "shm", "slow": "slowgap"}  # the sweeps' file tag per netwo
 
 def as_quick(data: dict) -> dict:
     """A profile cut back to the ``--quick`` plan's samples (runs at its algorithm
-    sizes, primitive samples at its message sizes) and refitted: profiles made by
-    plan variants are scored as the plan users run would have made them."""
+    sizes, primitive samples at its message sizes, kernels at its compute sizes) and
+    refitted: profiles made by plan variants are scored as the plan users run would
+    have made them."""
     import copy
 
     from autotune.profile import Profile
     from autotune.profiler.driver import PLANS
     from autotune.profiler.fits import refit_profile
+    from autotune.profiler.measure import compute_elems, compute_sizes
 
     plan = PLANS["quick"]
     sizes = {1 << e for e in plan["algo_log2n"]}
     nbytes = {1 << e for e in plan["log2_bytes"]}
+    elems = {compute_elems(e) for e in compute_sizes(plan, data["compute"].get("device", "cpu"))}
     runs = [r for r in data["runs"] if r["n"] in sizes]
     extra = [rec for rec in data["primitives"].values()
              if any(x["bytes"] not in nbytes for x in rec.get("samples") or [])]
-    if len(runs) == len(data["runs"]) and not extra:
+    kernels = [s for s in data["compute"].get("samples") or [] if s["n"] in elems]
+    if (len(runs) == len(data["runs"]) and not extra
+            and len(kernels) == len(data["compute"].get("samples") or [])):
         return data
     data = copy.deepcopy(data)
     data["runs"] = runs
     for rec in data["primitives"].values():
         rec["samples"] = [x for x in rec.get("samples") or [] if x["bytes"] in nbytes]
+    data["compute"]["samples"] = kernels
     return refit_profile(Profile(data)).data
 
 

@@ -102,7 +102,9 @@ def test_off_profile_sets_are_scored_as_one_profile_and_its_sweeps(tmp_path):
 
 
 def test_a_plan_variants_profile_is_scored_with_the_quick_plans_samples():
+    from autotune.profile import Profile
     from autotune.profiler.driver import PLANS
+    from autotune.profiler.fits import refit_profile
 
     data = ROOT / "docs" / "data" / "offprofile"
     quick = json.loads((data / "g03_prof4_shm_p4.json").read_text())
@@ -115,3 +117,13 @@ def test_a_plan_variants_profile_is_scored_with_the_quick_plans_samples():
     assert max(x["bytes"] for x in cut["primitives"]["p2p"]["samples"]) == top
     beta = lambda prof: prof["primitives"]["p2p"]["beta_s_per_byte"]  # noqa: E731
     assert beta(cut) != beta(variant)
+    # kernels timed at a size the plan does not time (here 4x slower than their line) are cut
+    extra = json.loads(json.dumps(quick))
+    samples = extra["compute"]["samples"]
+    odd = [dict(s, n=3 * s["n"] // 2, times_s=[12 * t for t in s["times_s"]])
+           for s in samples if s["n"] >= 1 << 20]
+    extra["compute"]["samples"] = samples + odd
+    cut = regret.as_quick(extra)
+    assert cut["compute"]["samples"] == samples
+    refit = refit_profile(Profile(quick)).data
+    assert cut["compute"]["threshold"] == refit["compute"]["threshold"]

@@ -327,6 +327,12 @@ def compute_sizes(plan, device: str) -> list[int]:
     return sizes
 
 
+def compute_elems(e: float) -> int:
+    """The elements a kernel is timed on at log2 size ``e`` (a multiple of 64, which
+    the merge's four COO sets divide; 2^e itself from 2^6 up)."""
+    return int(64 * round(2 ** e / 64))
+
+
 def _merges_at(e: int, device: str) -> bool:
     return device == "gpu" or e <= _MERGE_MAX_LOG2N
 
@@ -342,7 +348,7 @@ def measure_compute(comm, plan, *, device: str, xp, sync, progress, density: flo
         rng = np.random.default_rng(1)
         rep = plan["compute_repeat"]
         for e in compute_sizes(plan, device):
-            n = 1 << e
+            n = compute_elems(e)
             x = xp.asarray(gradient_like(n, rng))
             k = kernels.k_from_density(n, density)
             thr = kernels.kth_magnitude(x, k)
