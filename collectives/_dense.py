@@ -127,8 +127,9 @@ class Dense(Algorithm):
         t = 2 * sum(prices.t_p2p(n * ITEM / (1 << s), p2) for s in range(1, lg + 1))
         # elementwise sums of the reduce-scatter: a + b -> a, 3 streams per element
         # (not prices.reduce, the sparse COO merge: sort-based, ~10x dearer per entry),
-        # made by the p2 ranks while the extra ones wait
-        t += prices.dense_passes(n * (p2 - 1) / p2, 3, p2)
+        # made by the p2 ranks while the extra ones wait; step s sums n/2^s elements,
+        # at the rate of vectors that size (the halves soon fit in a cache)
+        t += sum(prices.dense_passes(n / (1 << s), 3, p2) for s in range(1, lg + 1))
         if P != p2:  # the P - p2 extra ranks fold in, then get the result: one way each
             t += 2 * prices.t_p2p(n * ITEM, P - p2) + prices.dense_passes(n, 3, P - p2)
         return t

@@ -15,6 +15,7 @@ import pytest
 
 from autotune import profiler
 from autotune import costmodel
+from autotune.profiler.measure import compute_elems
 from autotune.profile import (
     PRIMITIVES,
     Profile,
@@ -540,7 +541,7 @@ def _kernel_samples(rates, log2n, noise, seed):
     out = []
     for kernel in ("topk", "threshold", "reduce", "scatter_add", "stream"):
         for e in log2n:
-            n = 1 << e
+            n = compute_elems(e)
             c1 = next(c for start, c in reversed(rates) if n >= start)
             t = (2e-5 + c1 * n) * (1 + noise * rng.standard_normal(5))
             out.append({"kernel": kernel, "n": n, "times_s": [float(v) for v in t]})

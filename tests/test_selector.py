@@ -1,7 +1,8 @@
 """Cost model, selector, tuner and the auto dispatch."""
+import dataclasses
+import math
 import subprocess
 import sys
-import math
 from pathlib import Path
 
 import numpy as np
@@ -83,6 +84,26 @@ def test_dense_passes_use_the_measured_stream_rate(slow):
     gpu = costmodel.Machine.from_profile(prof)
     assert gpu.dense_passes(n, 4) == pytest.approx(4e-10 * n)
     assert gpu.dense_passes(n, 3) == pytest.approx(3e-10 * n)
+
+
+def test_rabenseifner_prices_each_steps_sum_at_its_own_size(slow):
+    """Step s of the reduce-scatter sums n/2^s elements: from cache once they fit
+    (here below 2^21 elements), not at the rate of the whole vector."""
+    import copy
+
+    from autotune.profile import Linear
+
+    prof = copy.deepcopy(slow)
+    prof["runs"] = []
+    m = costmodel.Machine.from_profile(prof)
+    scan = Linear(0.0, 1e-9, ((0, 0.0, 3e-10), (1 << 21, 0.0, 1e-9)))
+    m = dataclasses.replace(m, threshold=scan, contention=None, _at={})
+    n = 1 << 22
+    steps = 3 * (n / 2 * 1e-9 + n / 4 * 3e-10)  # 2^21 from DRAM, 2^20 from cache
+    assert costmodel.components(m, "dense", n, 4)[2] == pytest.approx(steps)
+    assert costmodel.components(m, "dense", n, 2)[2] == pytest.approx(3 * n / 2 * 1e-9)
+    # P = 6: the reduce-scatter among 4, then the 2 extra ranks' fold of all n
+    assert costmodel.components(m, "dense", n, 6)[2] == pytest.approx(steps + 3 * n * 1e-9)
 
 
 def test_selector_is_deterministic(slow):

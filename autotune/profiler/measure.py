@@ -316,8 +316,8 @@ def count_algorithm_steps(P: int, plan, names) -> int:
 
 
 # -- 3. local compute ----------------------------------------------------------------
-def compute_sizes(plan, device: str) -> list[int]:
-    """The log2 sizes the kernels are timed at."""
+def compute_sizes(plan, device: str) -> list[float]:
+    """The log2 sizes the kernels are timed at (:func:`compute_elems` gives the elements)."""
     sizes = list(plan["compute_log2n"])
     if device == "gpu":
         # per-element costs on a GPU only show above a few million elements (below,
@@ -333,7 +333,7 @@ def compute_elems(e: float) -> int:
     return int(64 * round(2 ** e / 64))
 
 
-def _merges_at(e: int, device: str) -> bool:
+def _merges_at(e: float, device: str) -> bool:
     return device == "gpu" or e <= _MERGE_MAX_LOG2N
 
 
