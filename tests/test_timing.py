@@ -117,7 +117,7 @@ def test_a_plan_variants_profile_is_scored_with_the_quick_plans_samples():
     assert max(x["bytes"] for x in cut["primitives"]["p2p"]["samples"]) == top
     beta = lambda prof: prof["primitives"]["p2p"]["beta_s_per_byte"]  # noqa: E731
     assert beta(cut) != beta(variant)
-    # kernels timed at a size the plan does not time (here 4x slower than their line) are cut
+    # kernels timed at sizes the plan does not time (here 8x dearer per element) are cut
     extra = json.loads(json.dumps(quick))
     samples = extra["compute"]["samples"]
     odd = [dict(s, n=3 * s["n"] // 2, times_s=[12 * t for t in s["times_s"]])

@@ -25,7 +25,7 @@ from .xi import load_gradient_dir, xi_from_files, xi_from_training
 # The kernels' sizes: every half octave from 2^20 up to 2^24 (64 MiB, past the last-level
 # cache of most CPUs), where a kernel's rate changes as its vectors leave each cache level and
 # the size regimes (fits.fit_compute) need four sizes each: with the halves the last knee
-# (2^22.5-2^23 on a 2-core Intel VM, 0.8 -> 1.3 ns per element) gets a regime of its own.
+# (past 2^22.5 on a 2-core Intel VM: 0.8-0.9 -> 1.3-1.4 ns per element) gets a regime of its own.
 _COMPUTE_LOG2N = [12, 14, 16, 18, 20, 20.5, 21, 21.5, 22, 22.5, 23, 23.5, 24]
 
 # What each --sizes plan measures.  "tiny" exists for the test-suite.
