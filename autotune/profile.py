@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import gzip
 import json
 import math
 import os
@@ -56,6 +57,9 @@ from ._profile_model import (COMPUTE_KERNELS, MESSAGE_MEANING, PRIMITIVES, Linea
                              PrimitiveFit, concurrency, model_string, model_terms, model_time,
                              segment_at, wire_bytes)
 from ._profile_schema import SCHEMA, VERSION, ProfileError, _parse, migrate, validate  # noqa: F401
+
+# The first bytes of a gzip stream (RFC 1952): a compressed JSON file is read as its text.
+GZIP_MAGIC = b"\x1f\x8b"
 
 
 # -- fingerprint -------------------------------------------------------------------
@@ -254,7 +258,8 @@ class Profile:
 
     @staticmethod
     def read_json(path):
-        """The JSON document in ``path``, parsed but not validated (never executes code).
+        """The JSON document in ``path``, parsed but not validated (never executes code);
+        gzip-compressed (``.json.gz``, as docs/data stores its data sets) or not.
 
         Raises:
             ProfileError: missing, unreadable, not UTF-8, empty, truncated or not JSON.
@@ -268,6 +273,11 @@ class Profile:
             raise ProfileError(path, "is a directory, expected a JSON profile") from None
         except OSError as e:
             raise ProfileError(path, f"cannot read: {e.strerror}") from None
+        if raw[:2] == GZIP_MAGIC:
+            try:
+                raw = gzip.decompress(raw)
+            except (OSError, EOFError) as e:
+                raise ProfileError(path, f"a corrupt or truncated gzip file ({e})") from None
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError:

@@ -24,7 +24,24 @@ import argparse
 
 import numpy as np
 
-__all__ = ["NCCL_SOCKETS_ENV", "NVLS_OFF_ENV", "gradient_stream", "study_parser"]
+__all__ = ["NCCL_SOCKETS_ENV", "NVLS_OFF_ENV", "gradient_stream", "json_files", "load_json",
+           "study_parser"]
+
+def load_json(path):
+    """A JSON result or profile, gzip-compressed (``.json.gz``: docs/data/offprofile
+    stores its files so) or not."""
+    from autotune.profile import Profile
+
+    return Profile.read_json(path)
+
+
+def json_files(directory, pattern: str) -> list:
+    """The files ``pattern`` + ``.json`` in ``directory``, plain or gzip-compressed."""
+    from pathlib import Path
+
+    d = Path(directory)
+    return sorted([*d.glob(f"{pattern}.json"), *d.glob(f"{pattern}.json.gz")])
+
 
 #: the lent GPU machines' rule (NVLink multicast off), for every NCCL launch there;
 #: benchmarks/gpu_suite.sh sets the same in bash

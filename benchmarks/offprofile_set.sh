@@ -6,7 +6,8 @@
 #   NAME=u01 SIZES=2600,41017,410009,3050003 SHM_EXTRA=7100003 OUT=DIR benchmarks/offprofile_set.sh
 #   python -m benchmarks.regret --profile DIR/u01_prof4_slow_p4.json --measured DIR/u01[ab]_slowgap_p*.json
 #
-# Writes DIR/NAME_prof{2,4}_{shm,slow}_p{2,4}.json and DIR/NAME{a,b}_{shm,slowgap}_p{3,6,8}.json.
+# Writes DIR/NAME_prof{2,4}_{shm,slow}_p{2,4}.json and DIR/NAME{a,b}_{shm,slowgap}_p{3,6,8}.json
+# (docs/data/offprofile keeps its files as `gzip -n`'s .json.gz: every reader takes either).
 # Needs root (`ip netns`, `tc`); run it on a quiet host, from the repository root, with the
 # venv at .venv (AUTOTUNE / PYTHON to use others). The namespace and the ranks' MPI settings
 # are benchmarks/scaling.py's (`setup_netns`, `SLOW_MPI_ENV`), as for the scaling study.

@@ -18,7 +18,6 @@ with profiles made by plan variants cut back to the ``--quick`` plan's samples a
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from collections import defaultdict
 from statistics import geometric_mean
@@ -26,13 +25,15 @@ from statistics import geometric_mean
 from autotune.profile import Profile
 from autotune.selector import Selector
 
+from . import json_files, load_json
+
 
 def load_points(paths):
     """{(n, P, density): {algorithm: seconds}} from sweeps; a point several sweeps
     measured (repeated sweeps of one grid) gets the geometric mean of their medians."""
     seen = defaultdict(lambda: defaultdict(list))
     for p in paths:
-        for r in json.load(open(p))["rows"]:
+        for r in load_json(p)["rows"]:
             if r.get("median_s"):
                 seen[(r["n"], r["P"], r["density"])][r["algorithm"]].append(r["median_s"])
     return defaultdict(dict, {k: {a: geometric_mean(v) for a, v in by.items()}
@@ -134,11 +135,11 @@ def score_sets(directory, network: str, profile_P: int):
 
     d, tag = Path(directory), _SWEEP_TAG[network]
     out = []
-    for prof_path in sorted(d.glob(f"*_prof{profile_P}_{network}_p{profile_P}.json")):
+    for prof_path in json_files(d, f"*_prof{profile_P}_{network}_p{profile_P}"):
         name = prof_path.name.split("_")[0]
-        if prof_path.name != f"{name}_prof{profile_P}_{network}_p{profile_P}.json":
+        if prof_path.name.split(".")[0] != f"{name}_prof{profile_P}_{network}_p{profile_P}":
             continue  # a variant's profile of the set (``NAME_head_prof4_...``)
-        sweeps = sorted(d.glob(f"{name}[ab]_{tag}_p*.json"))
+        sweeps = json_files(d, f"{name}[ab]_{tag}_p*")
         if not sweeps:
             continue
         rows, summary = evaluate(as_quick(Profile.load(prof_path).data), load_points(sweeps))
@@ -246,7 +247,7 @@ def profile_from_bench(base: dict, rows, baseline: str) -> dict:
 
 def cross_validate(base: dict, paths, baseline: str = "nccl"):
     """Leave one n out: fit on the other sizes, choose at the held-out size."""
-    rows = [r for p in paths for r in json.load(open(p))["rows"]]
+    rows = [r for p in paths for r in load_json(p)["rows"]]
     sizes = sorted({r["n"] for r in rows})
     all_rows, regrets = [], defaultdict(list)
     for n in sizes:

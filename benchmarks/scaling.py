@@ -63,6 +63,8 @@ from autotune.launch import cores, mpiexec_argv, one_host_env
 from autotune.profile import Profile
 from collectives import ALGORITHMS
 
+from . import load_json
+
 # the projection lives in its own module; its names stay importable from here
 from .projection import (ALGO_ORDER, DAINT, PAPER_MODELS, PAPER_REPORTED,  # noqa: F401
                          PROJECT_P, machine_at, project, projection_table)
@@ -274,8 +276,7 @@ def rank_main(args) -> int:
 
 # -- model -------------------------------------------------------------------------
 def load_results(path) -> dict:
-    with open(path) as f:
-        res = json.load(f)
+    res = load_json(path)
     if res.get("study") != "scaling" or "rows" not in res:
         raise ValueError(f"{path}: not a scaling-study result (no study='scaling' / rows)")
     return res

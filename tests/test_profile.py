@@ -123,8 +123,8 @@ def test_a_busy_host_is_told_from_a_link_without_a_bucket(monkeypatch):
     from autotune.profiler import measure
 
     data = ROOT / "docs" / "data" / "offprofile"
-    slow = json.loads((data / "o29_prof2_slow_p2.json").read_text())
-    shm = json.loads((data / "o29_prof4_shm_p4.json").read_text())
+    slow = Profile.read_json(data / "o29_prof2_slow_p2.json.gz")
+    shm = Profile.read_json(data / "o29_prof4_shm_p4.json.gz")
     p2p = slow["primitives"]["p2p"]
     assert not measure.burst_disturbed(slow["link_burst"], p2p, 2)  # 16.7 ms, p2p says 16.8
     assert not measure.burst_disturbed(shm["link_burst"], shm["primitives"]["p2p"], 4)
@@ -310,6 +310,18 @@ def test_bad_profile_gives_one_clear_error(tmp_path, case):
 def test_missing_file(tmp_path):
     with pytest.raises(ProfileError, match="no such file"):
         Profile.load(tmp_path / "nope.json")
+
+
+def test_a_gzipped_profile_loads_as_the_plain_one(tmp_path):
+    import gzip
+
+    plain = _shipped_measured()
+    packed = tmp_path / "p.json.gz"
+    packed.write_bytes(gzip.compress(plain.read_bytes()))
+    assert Profile.load(packed).data == Profile.load(plain).data
+    packed.write_bytes(gzip.compress(plain.read_bytes())[:-40])  # cut short
+    with pytest.raises(ProfileError, match="corrupt or truncated gzip"):
+        Profile.load(packed)
 
 
 def test_foreign_profile_warns_or_fails(tmp_path):

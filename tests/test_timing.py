@@ -8,7 +8,7 @@ import pytest
 
 import collectives
 from autotune.bench import sweep
-from benchmarks import regret
+from benchmarks import load_json, regret
 from collectives import timeit, timeit_interleaved
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -89,13 +89,19 @@ def test_off_profile_sets_are_scored_as_one_profile_and_its_sweeps(tmp_path):
     import shutil
 
     data = ROOT / "docs" / "data" / "offprofile"
-    files = [data / "g03_prof4_shm_p4.json", *sorted(data.glob("g03[ab]_shm_p*.json"))]
+    files = [data / "g03_prof4_shm_p4.json.gz", *sorted(data.glob("g03[ab]_shm_p*.json.gz"))]
     for f in files:
         shutil.copy(f, tmp_path)
+    plain = tmp_path / "g03b_shm_p9.json"  # a sweep stored uncompressed is read too
+    sweep = load_json(files[-1])
+    for r in sweep["rows"]:
+        r["median_s"] *= 3.0 if r["algorithm"] == "dense" else 1.0
+    plain.write_text(json.dumps(sweep))
     (tmp_path / "g03_prof2_shm_p2.json").write_text("{}")  # another P: not read
     [(name, summary, rows)] = regret.score_sets(tmp_path, "shm", 4)
-    direct_rows, direct = regret.evaluate(json.loads(files[0].read_text()),
-                                          regret.load_points(files[1:]))
+    prof = load_json(files[0])
+    direct_rows, direct = regret.evaluate(prof, regret.load_points([*files[1:], plain]))
+    assert regret.evaluate(prof, regret.load_points(files[1:]))[0] != direct_rows
     assert name == "g03" and summary == direct["learned selector"] and rows == direct_rows
     met = summary[0] <= regret.GOAL[0] and summary[1] <= regret.GOAL[1]
     assert f"met {int(met)} of 1 sets" in regret.sets_markdown([(name, summary, rows)])
@@ -107,9 +113,9 @@ def test_a_plan_variants_profile_is_scored_with_the_quick_plans_samples():
     from autotune.profiler.fits import refit_profile
 
     data = ROOT / "docs" / "data" / "offprofile"
-    quick = json.loads((data / "g03_prof4_shm_p4.json").read_text())
+    quick = load_json(data / "g03_prof4_shm_p4.json.gz")
     assert regret.as_quick(quick) is quick  # a --quick profile as it is
-    variant = json.loads((data / "q01_prof4_shm_p4.json").read_text())  # primitives to 16 MiB
+    variant = load_json(data / "q01_prof4_shm_p4.json.gz")  # primitives to 16 MiB
     cut = regret.as_quick(variant)
     assert {r["n"] for r in cut["runs"]} == {1 << e for e in PLANS["quick"]["algo_log2n"]}
     top = 1 << max(PLANS["quick"]["log2_bytes"])
