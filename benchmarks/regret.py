@@ -102,7 +102,6 @@ def as_quick(data: dict) -> dict:
     have made them."""
     import copy
 
-    from autotune.profile import Profile
     from autotune.profiler.driver import PLANS
     from autotune.profiler.fits import refit_profile
     from autotune.profiler.measure import compute_elems, compute_sizes
@@ -114,9 +113,9 @@ def as_quick(data: dict) -> dict:
     runs = [r for r in data["runs"] if r["n"] in sizes]
     extra = [rec for rec in data["primitives"].values()
              if any(x["bytes"] not in nbytes for x in rec.get("samples") or [])]
-    kernels = [s for s in data["compute"].get("samples") or [] if s["n"] in elems]
-    if (len(runs) == len(data["runs"]) and not extra
-            and len(kernels) == len(data["compute"].get("samples") or [])):
+    timed = data["compute"].get("samples") or []
+    kernels = [s for s in timed if s["n"] in elems]
+    if len(runs) == len(data["runs"]) and not extra and len(kernels) == len(timed):
         return data
     data = copy.deepcopy(data)
     data["runs"] = runs
@@ -130,8 +129,6 @@ def score_sets(directory, network: str, profile_P: int):
     """[(set name, (geomean, worst, points), rows)] of every set in ``directory``
     with a profile at ``profile_P`` on ``network`` and sweeps of it."""
     from pathlib import Path
-
-    from autotune.profile import Profile
 
     d, tag = Path(directory), _SWEEP_TAG[network]
     out = []

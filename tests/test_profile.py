@@ -15,7 +15,6 @@ import pytest
 
 from autotune import profiler
 from autotune import costmodel
-from autotune.profiler.measure import compute_elems
 from autotune.profile import (
     PRIMITIVES,
     Profile,
@@ -25,6 +24,7 @@ from autotune.profile import (
     model_terms,
     segment_at,
 )
+from autotune.profiler.measure import compute_elems
 from collectives import ALGORITHMS
 from benchmarks import NVLS_OFF_ENV
 from support import gpu_mpi
