@@ -40,9 +40,14 @@ with: 2, 4, ... up to its P).  An algorithm's cost splits into its latency
 (alpha), bandwidth (beta) and compute parts (:func:`components`); the time
 is ``w_lat lat + w_bw bw + w_cmp cmp + o0 + o1 (P-1)`` with non-negative
 weights per algorithm, pulled toward 1 (Table 1 as it stands) where the runs
-say little; with runs at three or more P, an algorithm keeps its free weights
+say little.  With runs at three or more P an algorithm keeps its free weights
 only if they predict a left-out P better than Table 1's weights with a fitted
-fixed cost (``_fit_table``).  Where ranks share one host, the bandwidth part
+fixed cost (``_fit_table``; where ``dense`` and ``mpi`` are near, that contest
+keeps a shared host's ranks from the wrong one beyond the profile), except a
+sparse (lossy) one whose dense passes are priced at the threshold scan's rate
+(CPU profiles: ``Machine.stream`` is None): its compute weight corrects that
+price, which at 2^22-2^24 is up to 2x a pass's (docs/BENCHMARKS.md, "Cost-model
+error"), so it always keeps them.  Where ranks share one host, the bandwidth part
 follows one of two laws, whichever predicts the profile's held-out process
 counts better (:data:`LAWS`): ``cores`` (copies made by the cores the ranks
 share: the contention factor above; for a message while only some ranks
@@ -477,7 +482,10 @@ def fit_terms(machine: Machine, runs) -> Machine:
     weights, over, table1 = {}, {}, set()
     for algo, (X, t, Ps, ns) in _design(machine, runs).items():
         fit = free
-        if len(set(Ps)) > 2:  # free weights only where they predict a left-out P better
+        # free weights only where they predict a left-out P better (module docstring), but
+        # always for a sparse algorithm whose dense passes are priced at the scan's rate
+        passes_at_scan_rate = ALGORITHMS[algo].lossy and machine.stream is None
+        if len(set(Ps)) > 2 and not passes_at_scan_rate:
             err = {f: np.median([e for e, _ in _p_folds(X, t, Ps, f)]) for f in (free, table)}
             fit = min((free, table), key=lambda f: err[f])
         if fit is table:

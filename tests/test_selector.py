@@ -361,6 +361,20 @@ def test_table_fit_keeps_table1_weights_and_fits_the_fixed_cost():
                        [2e-5 + 1e-6, 0])  # one P: o1 cannot be told apart
 
 
+def test_sparse_weights_stay_free_where_their_passes_are_priced_at_the_scan_rate():
+    """On a CPU profile with runs at P = 2, 3, 4 (dense passes priced at the threshold
+    scan's rate: no ``stream``) no sparse algorithm is held to Table 1's weights, while
+    the lossless ones still face the contest; a GPU profile with the stream kernel
+    keeps the contest for every algorithm."""
+    lossy = {a for a, cls in ALGORITHMS.items() if cls.lossy}
+    cpu = costmodel.Machine.from_profile(Profile.load(PROFILES / "cpu_shm_p4.json"))
+    assert cpu.stream is None and not cpu.table1 & lossy and "dense" in cpu.table1
+    for a in lossy & set(cpu.weights):  # the weights the runs fitted, not Table 1's
+        assert cpu.weights[a] != (1.0, 1.0, 1.0)
+    gpu = costmodel.Machine.from_profile(Profile.load(PROFILES / "gpu_h100_sockets_p4.json"))
+    assert gpu.stream is not None and gpu.table1 & lossy
+
+
 def replace_law(machine, law):
     from dataclasses import replace
 
