@@ -46,8 +46,8 @@ fixed cost (``_fit_table``; where ``dense`` and ``mpi`` are near, that contest
 keeps a shared host's ranks from the wrong one beyond the profile), except a
 sparse (lossy) one whose dense passes are priced at the threshold scan's rate
 (CPU profiles: ``Machine.stream`` is None): its compute weight corrects that
-price, which at 2^22-2^24 is up to 2x a pass's (docs/BENCHMARKS.md, "Cost-model
-error"), so it always keeps them.  Where ranks share one host, the bandwidth part
+price, with which Table 1's weights put its calls at 2^22-2^24 up to 1.8x high
+(docs/BENCHMARKS.md, "Cost-model error"), so it always keeps them.  Where ranks share one host, the bandwidth part
 follows one of two laws, whichever predicts the profile's held-out process
 counts better (:data:`LAWS`): ``cores`` (copies made by the cores the ranks
 share: the contention factor above; for a message while only some ranks
