@@ -36,7 +36,9 @@ P = 32 moves 2n(P-1)*4 B = 260 MB, about 2 s per call.  Keep n small there.
 runs), *fitted* (with them: weights, fixed costs, bandwidth law) and as the
 *selector* predicts it (fitted, with the correction it learned from the runs,
 fading beyond their process counts), and how often the selector's error band
-covered the fitted prediction.  The projection and its band:
+covered the fitted prediction; then the profile's own runs scored as the
+prediction at the points they share (``runs_as_prediction``: how far the
+machine moved between profile and study).  The projection and its band:
 benchmarks/projection.py.
 
 No optuna or matplotlib needed to measure; plots are drawn where the JSON is read.
@@ -351,6 +353,25 @@ def sweep_noise(results, *, max_P: int | None = None) -> list[float]:
     return out
 
 
+def runs_as_prediction(rows, prof: dict, *, max_P: int | None = None) -> tuple[float, int] | None:
+    """The profile's own runs scored as predictions: over the measured points (up
+    to ``max_P``) that the profile also ran (same algorithm, n, P and density), the
+    median |measured - profile's run| / profile's run and the number of such points
+    (None without any).  A model that reproduced its profile's runs exactly would
+    score that there: how far the machine moved between profile and study (a fit
+    over many runs can score lower)."""
+    ran = {(r["algorithm"], int(r["n"]), int(r["P"]), r.get("density")): float(r["median_s"])
+           for r in prof.get("runs") or []}
+    diffs = []
+    for r in scored_rows(rows, max_P):
+        t = ran.get((r["algorithm"], int(r["n"]), int(r["P"]), r.get("density")))
+        if t is None and not ALGORITHMS[r["algorithm"]].lossy:  # a lossless run has no density
+            t = ran.get((r["algorithm"], int(r["n"]), int(r["P"]), None))
+        if t:
+            diffs.append(abs(float(r["median_s"]) - t) / t)
+    return (float(np.median(diffs)), len(diffs)) if diffs else None
+
+
 def _profile_for(res: dict, override: dict | None) -> dict:
     prof = override if override is not None else res.get("profile")
     if prof is None:
@@ -647,6 +668,11 @@ def main(argv=None) -> int:
                           f"model {1e3 * e['pred_fitted_s']:.2f} / {1e3 * e['pred_table1_s']:.2f}"
                           f" / {1e3 * e['pred_selector_s']:.2f} ms")
         print(error_table(summaries))
+        for res in results:
+            ran = runs_as_prediction(res["rows"], _profile_for(res, override), max_P=args.max_P)
+            if ran:
+                print(f"{res['network']}: the profile's own runs as the prediction, at the {ran[1]} "
+                      f"points they share: median error {100 * ran[0]:.1f}%")
         return 0
     if args.cmd == "plot":
         os.makedirs(args.outdir, exist_ok=True)

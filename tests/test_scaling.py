@@ -113,6 +113,23 @@ def test_sweep_noise_scores_sweeps_against_each_other():
     assert scaling.sweep_noise(res[:1]) == []
 
 
+def test_runs_as_prediction_scores_the_profiles_own_runs():
+    """The profile's runs as predictions: only the points it ran count (a lossless run
+    matched whatever the study's density), each against that run's time."""
+    runs = [{"algorithm": "dense", "n": 1 << 20, "P": 2, "density": None, "median_s": 0.010},
+            {"algorithm": "oktopk", "n": 1 << 20, "P": 4, "density": 0.01, "median_s": 0.020},
+            {"algorithm": "oktopk", "n": 1 << 20, "P": 8, "density": 0.01, "median_s": 0.040}]
+    rows = [{"algorithm": "dense", "n": 1 << 20, "P": 2, "density": 0.01, "median_s": 0.015},
+            {"algorithm": "oktopk", "n": 1 << 20, "P": 4, "density": 0.01, "median_s": 0.018},
+            {"algorithm": "oktopk", "n": 1 << 20, "P": 4, "density": 0.05, "median_s": 0.5},
+            {"algorithm": "oktopk", "n": 1 << 22, "P": 4, "density": 0.01, "median_s": 0.5},
+            {"algorithm": "oktopk", "n": 1 << 20, "P": 8, "density": 0.01, "median_s": 0.4}]
+    med, count = scaling.runs_as_prediction(rows, {"runs": runs}, max_P=4)
+    assert count == 2 and med == pytest.approx(np.median([0.5, 0.1]))
+    assert scaling.runs_as_prediction(rows, {"runs": runs})[1] == 3
+    assert scaling.runs_as_prediction(rows[3:4], {"runs": runs}) is None
+
+
 def _result(rows, network="plain", profile=SHM):
     return {"study": "scaling", "network": network, "density": 0.01, "cores": 2,
             "started": "2026-11-26T00:00:00Z", "loadavg_start": [1.0, 1.0, 1.0],
