@@ -46,6 +46,14 @@ allreduce switches to algorithms its model does not know, so its prediction
 has no bound and it cannot clearly win either (BENCHMARKS "Selector
 regret").  Only P far beyond the runs, at sampled sizes, gives MPI no such
 reason.
+Beyond the largest P of the runs, where host MPI's allreduce is the fastest
+exact algorithm at that P and another exact one is predicted faster but not
+clearly (their error bands overlap), MPI's allreduce stays: there the learned
+correction fades and the difference comes from the model's terms alone, while
+Rabenseifner runs 2 log2 P steps from Python where MPI runs one call in C, a
+growth with P on shared cores that the terms understate (`dense` picked over
+`mpi` at 2-3K elements, P = 6 and 8: 1.3-1.7x slower, BENCHMARKS "Selector
+regret").
 ``Decision.explain`` shows the errors and bounds and says so.
 """
 from __future__ import annotations
@@ -189,6 +197,8 @@ class Selector:
             inside = [e[0] for e in self.errors.values() if math.isfinite(e[0])]
             pooled = float(np.median(inside)) if inside else math.nan
             self.errors = {a: (e[0], pooled, e[2]) for a, e in self.errors.items()}
+        # the largest P of the runs: beyond it the native allreduce may stay (_native_stays)
+        self.top_P = max((int(r["P"]) for r in runs), default=None)
         self.domains: dict = {}
         self.sizes: dict = {}  # algorithm -> its runs' sizes, ascending (``anchor``)
         for a in {r["algorithm"] for r in runs}:
@@ -300,6 +310,21 @@ class Selector:
         (``costmodel.error_growth_in_P``)."""
         return costmodel.error_growth_in_P(self.errors[algo], self._beyond(algo, n, P)[1])
 
+    def _native_stays(self, n: int, P: int, density, best: str, pred, err) -> bool:
+        """Beyond the largest P of the runs, host MPI's allreduce stays over the
+        predicted-fastest exact algorithm ``best`` where it is the fastest exact one
+        at that P (the learned prediction, where the runs are) and ``best`` does not
+        clearly beat it: their error bands overlap (see the module docstring)."""
+        nat = self.native
+        if (nat not in pred or best == nat or _lossy(best) or self.top_P is None
+                or P <= self.top_P or nat not in err or best not in err):
+            return False
+        exact = [a for a in pred if not _lossy(a) and a in err]
+        at_top = {a: self.predict(a, n, self.top_P, density)[0] for a in exact}
+        if min(exact, key=lambda a: (at_top[a], a)) != nat:
+            return False
+        return pred[nat] * math.exp(-err[nat]) <= pred[best] * math.exp(err[best])
+
     def choose(self, n: int, P: int, density: float = 0.01, *, lossy_ok: bool = True,
                candidates=None) -> Decision:
         cands = [a for a in (candidates or self.algorithms) if lossy_ok or not _lossy(a)]
@@ -319,7 +344,12 @@ class Selector:
             far_n = beyond[0] > FAR_OCTAVES
             band = None if far_n else {a: self._growth(a, n, P) for a in cands}
             best = self._robust_choice(cands, pred, err, far_n=far_n, band=band)
-        outside = self._outside(n, P, _dens(best, density), best)
         note = "" if self.model is not None else "no learned correction: bare cost model"
+        if not robust and self._native_stays(n, P, density, best, pred, err):
+            note = "\n".join(filter(None, [note, (
+                f"{self.native} stays: the fastest exact algorithm at P={self.top_P}, the "
+                f"largest P run, and {best}'s band overlaps its own")]))
+            best = self.native
+        outside = self._outside(n, P, _dens(best, density), best)
         return Decision(best, n, P, density, pred, model, outside == 0.0, note, cands, err,
                         robust)
