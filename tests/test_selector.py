@@ -312,8 +312,9 @@ def test_native_allreduce_stays_beyond_the_runs_unless_clearly_beaten(slow):
         for a in ("dense", "mpi"):
             for P in (2, 3, 4):
                 for e in (12, 14, 16, 18, 20):
-                    t = (costmodel.predict(bare, "dense", 1 << e, P) * math.exp(0.05 * rng.standard_normal())
-                         * (mpi_factor if a == "mpi" else 1.0))
+                    f = mpi_factor if a == "mpi" else 1.0
+                    t = f * costmodel.predict(bare, "dense", 1 << e, P) * math.exp(
+                        0.05 * rng.standard_normal())
                     runs.append({"algorithm": a, "n": 1 << e, "P": P, "density": None,
                                  "times_s": [t], "median_s": t})
         prof["runs"] = runs
