@@ -54,7 +54,13 @@ share: the contention factor above; for a message while only some ranks
 send, such as the fold of Rabenseifner's extra ranks, that of the senders,
 and likewise for elementwise work only some ranks do) or
 ``link`` (one shared link: beta x the bytes all ranks put on it,
-:func:`autotune.profile.concurrency`).
+:func:`autotune.profile.concurrency`).  Under the ``link`` law the runs also fit
+one shape of the fixed cost for all algorithms, o1 = s o0 (:func:`_host_shape`:
+the s whose fits predict a left-out P best, kept only where that beats each
+algorithm's own o0 and o1): there every call's small messages queue on the one
+link with those of the other ranks, alike whichever algorithm sends them, and one
+shared ratio leaves each algorithm one fixed-cost number to fit instead of two.
+In shared memory it lost held-out sets (docs/BENCHMARKS.md, "Selector regret").
 
 Runs at one P only (a profile launched with P = 2) cannot show how anything
 grows with P, so the growth comes from the model's structure alone: the
@@ -73,7 +79,7 @@ and a primitive's size regimes, measured at the profile's P, are looked up by
 the bytes a call puts on the link (``Machine._regime``).
 :func:`heldout_errors` gives each algorithm's held-out error: in range (one
 size left out) and per octave of P beyond the runs (one process count left
-out), the selector's error bars.
+out, and the host's shape chosen again without it), the selector's error bars.
 """
 from __future__ import annotations
 
@@ -120,6 +126,9 @@ class Machine:
     # ranks sharing one host's cores (single-host CPU profiles): (cores, profile's P)
     contention: tuple[int, int] | None = None
     law: str = "cores"  # how a shared host's bandwidth term grows with P (LAWS)
+    # behind a shared link, the fixed cost per call o1 = fixed_shape x o0 for every algorithm
+    # (fit_terms, where runs at several P choose one), else None: each its own (o0, o1)
+    fixed_shape: float | None = None
     ranks: int | None = None  # the P this machine is priced at (Machine.at), on a shared host
     cores: int | None = None  # and the cores those ranks share (Machine.at, the cores law)
     weights: dict = field(default_factory=dict)  # algorithm -> (w_lat, w_bw, w_cmp), fit_terms
@@ -378,45 +387,54 @@ def _design(machine: Machine, runs) -> dict:
     return out
 
 
-def _fixed_columns(Ps, per_peer: bool) -> list[int]:
-    """The fixed cost's columns of the design (3: o0, 4: o1): both with runs at
-    several P; with runs at one P, which cannot tell them apart, o1 where the
-    fixed cost is priced per peer (``per_peer``, a shared host), else o0."""
-    return [3, 4] if len(set(Ps)) > 1 else [4 if per_peer else 3]
+def _fixed(X: np.ndarray, Ps, per_peer: bool, shape: float | None):
+    """The fixed cost's design columns and the map from their coefficients to (o0, o1).
+    With a shared host's ``shape``: one column, 1 + shape (P-1), o1 = shape o0.  Else
+    both (o0: column 3, o1: column 4) with runs at several P; with runs at one P,
+    which cannot tell them apart, o1 where the fixed cost is priced per peer
+    (``per_peer``, a shared host), else o0."""
+    if shape is not None:
+        return X[:, 3:4] + shape * X[:, 4:5], np.array([[1.0, shape]])
+    cols = [3, 4] if len(set(Ps)) > 1 else [4 if per_peer else 3]
+    return X[:, cols], np.eye(2)[[c - 3 for c in cols]]
 
 
-def _fit(X: np.ndarray, t: np.ndarray, Ps, *, per_peer: bool = False) -> np.ndarray:
+def _fit(X: np.ndarray, t: np.ndarray, Ps, *, per_peer: bool = False,
+         shape: float | None = None) -> np.ndarray:
     """Non-negative (w_lat, w_bw, w_cmp, o0, o1) minimising the runs' relative
-    errors plus ``_PRIOR`` (w - 1) per weight; with runs at one P only one of
-    o0, o1 (:func:`_fixed_columns`)."""
+    errors plus ``_PRIOR`` (w - 1) per weight; the fixed cost as :func:`_fixed` shapes it."""
     from scipy.optimize import nnls  # what sklearn's positive LinearRegression runs, minus its checks
 
-    cols = [0, 1, 2, *_fixed_columns(Ps, per_peer)]
-    A = np.vstack([X[:, cols] / t[:, None], _PRIOR * np.eye(3, len(cols))])
+    F, to_o = _fixed(X, Ps, per_peer, shape)
+    D = np.hstack([X[:, :3], F])
+    A = np.vstack([D / t[:, None], _PRIOR * np.eye(3, D.shape[1])])
     y = np.concatenate([np.ones(len(t)), np.full(3, _PRIOR)])
-    out = np.zeros(5)
-    out[cols] = nnls(A, y)[0]
-    return out
+    c = nnls(A, y)[0]
+    return np.concatenate([c[:3], c[3:] @ to_o])
 
 
-def _fit_table(X: np.ndarray, t: np.ndarray, Ps, *, per_peer: bool = False) -> np.ndarray:
+def _fit_table(X: np.ndarray, t: np.ndarray, Ps, *, per_peer: bool = False,
+               shape: float | None = None) -> np.ndarray:
     """Table 1's weights as they stand (1, 1, 1) and the non-negative fixed cost
-    (o0, o1; :func:`_fixed_columns`) that best fits the rest, by relative error."""
+    (o0, o1; :func:`_fixed`) that best fits the rest, by relative error."""
     from scipy.optimize import nnls
 
-    cols = _fixed_columns(Ps, per_peer)
+    F, to_o = _fixed(X, Ps, per_peer, shape)
     rest = t - X[:, :3].sum(axis=1)
-    out = np.concatenate([np.ones(3), np.zeros(2)])
-    out[cols] = nnls(X[:, cols] / t[:, None], rest / t)[0]
-    return out
+    return np.concatenate([np.ones(3), nnls(F / t[:, None], rest / t)[0] @ to_o])
 
 
 def _fits(machine: Machine) -> tuple:
     """(free fit, Table 1 fit) as ``machine`` prices the fixed cost: per peer where
-    ranks share one host's cores (``contention``; see the module docstring)."""
-    if machine.contention is None:
-        return _fit, _fit_table
-    return partial(_fit, per_peer=True), partial(_fit_table, per_peer=True)
+    ranks share one host's cores (``contention``; see the module docstring), in the
+    host's shape where it has one (``fixed_shape``)."""
+    return _host_fits(machine.fixed_shape) if machine.contention is not None else (_fit, _fit_table)
+
+
+def _host_fits(shape: float | None) -> tuple:
+    """(free fit, Table 1 fit) on a shared host with fixed-cost ``shape`` (None: none)."""
+    return (partial(_fit, per_peer=True, shape=shape),
+            partial(_fit_table, per_peer=True, shape=shape))
 
 
 def _log_err(coef, X, t) -> np.ndarray:
@@ -434,17 +452,37 @@ def _size_folds(X, t, Ps, ns, fit=_fit) -> list:
     return inside
 
 
-def _p_folds(X, t, Ps, fit=_fit) -> list:
+def _p_folds(X, t, Ps, fit=_fit, fold_fit=None) -> list:
     """(held-out |log(predicted / measured)|, octaves from the nearest P kept) with
-    each P left out in turn (``fit``: the model's fit)."""
+    each P left out in turn (``fit``: the model's fit; ``fold_fit(P)``, where given:
+    the fit chosen without the runs at P)."""
     out = []
     for P in sorted(set(Ps)):
         keep = Ps != P
         if keep.any():
+            f = fit if fold_fit is None else fold_fit(P)
             dist = float(np.min(np.abs(np.log2(Ps[keep]) - np.log2(P))))
-            out += [(e, dist) for e in _log_err(fit(X[keep], t[keep], Ps[keep]), X[~keep],
+            out += [(e, dist) for e in _log_err(f(X[keep], t[keep], Ps[keep]), X[~keep],
                                                 t[~keep])]
     return out
+
+
+# the host's fixed-cost shapes tried (o1 / o0; _host_shape)
+_SHAPES = tuple(round(0.05 * i, 2) for i in range(61))
+
+
+def _host_shape(design: dict) -> float | None:
+    """A shared host's fixed-cost shape s, o1 = s o0 for every algorithm (asked by
+    :func:`fit_terms` under the ``link`` law only): the one of ``_SHAPES`` whose free
+    fits predict a left-out P best (the median over all algorithms' runs), if that
+    beats each algorithm's own (o0, o1); else None."""
+    def score(shape):
+        fit = _host_fits(shape)[0]
+        errs = [e for X, t, Ps, _ in design.values() for e, _ in _p_folds(X, t, Ps, fit)]
+        return float(np.median(errs)) if errs else math.inf
+    scores = {s: score(s) for s in _SHAPES}
+    best = min(_SHAPES, key=lambda s: (scores[s], s))
+    return float(best) if scores[best] < score(None) else None
 
 
 def _per_octave(inside, out) -> float:
@@ -459,8 +497,9 @@ def _per_octave(inside, out) -> float:
 def fit_terms(machine: Machine, runs) -> Machine:
     """``machine`` with each algorithm's weights and fixed cost fitted from the
     profile's runs (module docstring), and, on a single host with runs at several
-    P, the bandwidth law (``LAWS``) that predicts a left-out P best."""
-    machine = replace(machine, _at={})
+    P, the bandwidth law (``LAWS``) that predicts a left-out P best and the fixed
+    cost's shape under the ``link`` law (:func:`_host_shape`)."""
+    machine = replace(machine, _at={}, fixed_shape=None)
     free, table = _fits(machine)  # the law below leaves ``contention``, hence these, as is
     if machine.contention is not None and len({int(r["P"]) for r in runs}) > 1:
         # the law is judged on the runs whose bandwidth part is at least half the
@@ -479,8 +518,13 @@ def fit_terms(machine: Machine, runs) -> Machine:
                         for e, _ in _p_folds(X, t, Ps, free)]
                 return float(np.median(errs)) if errs else math.inf
             machine = by_law[min(LAWS, key=lambda law: (score(law), law))]  # with its cache
+    design = _design(machine, runs)
+    if (machine.contention is not None and machine.law == "link"
+            and len({int(r["P"]) for r in runs} - {1}) > 1):
+        machine = replace(machine, fixed_shape=_host_shape(design))  # prices and cache as is
+        free, table = _fits(machine)
     weights, over, table1 = {}, {}, set()
-    for algo, (X, t, Ps, ns) in _design(machine, runs).items():
+    for algo, (X, t, Ps, ns) in design.items():
         fit = free
         # free weights only where they predict a left-out P better (module docstring), but
         # always for a sparse algorithm whose dense passes are priced at the scan's rate
@@ -502,12 +546,26 @@ def heldout_errors(machine: Machine, runs) -> dict[str, tuple[float, float, int]
     """Each algorithm's held-out error from the profile's runs: (in range: the
     median |log(predicted / measured)| with one size left out; per octave of P:
     how much more it is with one P left out, per octave from the nearest P kept
-    (nan with runs at one P); runs).  exp(e) - 1 is the relative error."""
+    (nan with runs at one P); runs).  exp(e) - 1 is the relative error.  Where the
+    host's fixed-cost shape was fitted, each P left out has it chosen again from the
+    runs kept, as :func:`fit_terms` would have without them."""
     out = {}
-    free, table = _fits(machine)
-    for algo, (X, t, Ps, ns) in _design(machine, runs).items():
-        fit = table if algo in machine.table1 else free  # the fit fit_terms chose
-        inside, beyond = _size_folds(X, t, Ps, ns, fit), _p_folds(X, t, Ps, fit)
+    design = _design(machine, runs)
+    shapes = {}
+
+    def shape_without(P):
+        if P not in shapes:
+            shapes[P] = _host_shape({a: (X[Ps != P], t[Ps != P], Ps[Ps != P], ns[Ps != P])
+                                     for a, (X, t, Ps, ns) in design.items() if (Ps != P).any()})
+        return shapes[P]
+    for algo, (X, t, Ps, ns) in design.items():
+        kind = 1 if algo in machine.table1 else 0  # the fit fit_terms chose
+        fit = _fits(machine)[kind]
+        fold_fit = None
+        if machine.fixed_shape is not None:
+            def fold_fit(P, kind=kind):
+                return _host_fits(shape_without(P))[kind]
+        inside, beyond = _size_folds(X, t, Ps, ns, fit), _p_folds(X, t, Ps, fit, fold_fit)
         out[algo] = (float(np.median(inside)) if inside else math.nan,
                      _per_octave(inside, beyond), len(t))
     return out

@@ -246,7 +246,9 @@ def model_error_lines(prof: Profile) -> list[str]:
     errs = costmodel.heldout_errors(machine, prof.runs)
     Ps = sorted({int(r["P"]) for r in prof.runs})
     lines = [f"cost model held-out error (median |predicted/measured - 1|; runs at P = "
-             f"{', '.join(map(str, Ps))}; shared-host bandwidth law: {machine.law}):",
+             f"{', '.join(map(str, Ps))}; shared-host bandwidth law: {machine.law}"
+             + ("" if machine.fixed_shape is None
+                else f"; fixed cost o1 = {machine.fixed_shape:.2f} o0, every algorithm") + "):",
              f"  {'algorithm':10s} {'one size out':>12s} {'one P out, per octave':>22s} "
              f"{'runs':>5s}  weights lat/bw/cmp, fixed cost ms o0 + o1 (P-1)"]
     pct = lambda e: f"{100 * np.expm1(e):.0f}%" if np.isfinite(e) else "-"  # noqa: E731
