@@ -30,9 +30,8 @@ Python, kernel-launch, host-synchronisation and small-message cost that Table 1'
 alpha-beta terms leave out, fitted with the terms' weights over all the runs
 (the smallest sizes, where the data terms vanish, pin it down); on a GPU it
 dominates the sparse algorithms at small and medium n (docs/BENCHMARKS.md,
-"Fixed cost per call").  Because it is
-part of the model, it carries over to sizes and process counts beyond the
-profile's runs, where the learned correction fades out.
+"Fixed cost per call").  Part of the model, it carries over to sizes and process
+counts beyond the profile's runs, where the learned correction fades out.
 
 How the terms grow with P is fitted too (:func:`fit_terms`), from the runs
 a profile takes at several P (sub-communicators of the ranks it was launched
@@ -56,11 +55,10 @@ and likewise for elementwise work only some ranks do) or
 ``link`` (one shared link: beta x the bytes all ranks put on it,
 :func:`autotune.profile.concurrency`).  Under the ``link`` law the runs also fit
 one shape of the fixed cost for all algorithms, o1 = s o0 (:func:`_host_shape`:
-the s whose fits predict a left-out P best, kept only where that beats each
-algorithm's own o0 and o1): there every call's small messages queue on the one
-link with those of the other ranks, alike whichever algorithm sends them, and one
-shared ratio leaves each algorithm one fixed-cost number to fit instead of two.
-In shared memory it lost held-out sets (docs/BENCHMARKS.md, "Selector regret").
+the s whose fits predict a left-out P best, where that beats each algorithm's
+own o0 and o1): every call's small messages queue on the one link with the other
+ranks', whichever algorithm sends them, and each algorithm fits one fixed-cost
+number instead of two (in shared memory it lost held-out sets: BENCHMARKS).
 
 Runs at one P only (a profile launched with P = 2) cannot show how anything
 grows with P, so the growth comes from the model's structure alone: the
@@ -388,11 +386,10 @@ def _design(machine: Machine, runs) -> dict:
 
 
 def _fixed(X: np.ndarray, Ps, per_peer: bool, shape: float | None):
-    """The fixed cost's design columns and the map from their coefficients to (o0, o1).
-    With a shared host's ``shape``: one column, 1 + shape (P-1), o1 = shape o0.  Else
-    both (o0: column 3, o1: column 4) with runs at several P; with runs at one P,
-    which cannot tell them apart, o1 where the fixed cost is priced per peer
-    (``per_peer``, a shared host), else o0."""
+    """The fixed cost's design columns and the map from their coefficients to (o0, o1):
+    with a shared host's ``shape`` one, 1 + shape (P-1); else o0 and o1 with runs at
+    several P; with runs at one P, which cannot tell them apart, o1 where the fixed
+    cost is priced per peer (``per_peer``, a shared host), else o0."""
     if shape is not None:
         return X[:, 3:4] + shape * X[:, 4:5], np.array([[1.0, shape]])
     cols = [3, 4] if len(set(Ps)) > 1 else [4 if per_peer else 3]
@@ -472,10 +469,9 @@ _SHAPES = tuple(round(0.05 * i, 2) for i in range(61))
 
 
 def _host_shape(design: dict) -> float | None:
-    """A shared host's fixed-cost shape s, o1 = s o0 for every algorithm (asked by
-    :func:`fit_terms` under the ``link`` law only): the one of ``_SHAPES`` whose free
-    fits predict a left-out P best (the median over all algorithms' runs), if that
-    beats each algorithm's own (o0, o1); else None."""
+    """A shared host's fixed-cost shape s, o1 = s o0 for every algorithm (``fit_terms``
+    asks under the ``link`` law): the one of ``_SHAPES`` whose free fits predict a
+    left-out P best (median over all runs), if that beats each one's own (o0, o1)."""
     def score(shape):
         fit = _host_fits(shape)[0]
         errs = [e for X, t, Ps, _ in design.values() for e, _ in _p_folds(X, t, Ps, fit)]
@@ -546,9 +542,8 @@ def heldout_errors(machine: Machine, runs) -> dict[str, tuple[float, float, int]
     """Each algorithm's held-out error from the profile's runs: (in range: the
     median |log(predicted / measured)| with one size left out; per octave of P:
     how much more it is with one P left out, per octave from the nearest P kept
-    (nan with runs at one P); runs).  exp(e) - 1 is the relative error.  Where the
-    host's fixed-cost shape was fitted, each P left out has it chosen again from the
-    runs kept, as :func:`fit_terms` would have without them."""
+    (nan with runs at one P); runs).  exp(e) - 1 is the relative error.  A fitted
+    fixed-cost shape is chosen again without each P left out, as fit_terms would."""
     out = {}
     design = _design(machine, runs)
     shapes = {}
