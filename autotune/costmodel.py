@@ -497,7 +497,8 @@ def fit_terms(machine: Machine, runs) -> Machine:
     cost's shape under the ``link`` law (:func:`_host_shape`)."""
     machine = replace(machine, _at={}, fixed_shape=None)
     free, table = _fits(machine)  # the law below leaves ``contention``, hence these, as is
-    if machine.contention is not None and len({int(r["P"]) for r in runs}) > 1:
+    several_P = machine.contention is not None and len({int(r["P"]) for r in runs} - {1}) > 1
+    if several_P:
         # the law is judged on the runs whose bandwidth part is at least half the
         # modelled time: elsewhere it changes little (small messages, or within a
         # token bucket's burst, pass at the speed of the loopback)
@@ -515,8 +516,7 @@ def fit_terms(machine: Machine, runs) -> Machine:
                 return float(np.median(errs)) if errs else math.inf
             machine = by_law[min(LAWS, key=lambda law: (score(law), law))]  # with its cache
     design = _design(machine, runs)
-    if (machine.contention is not None and machine.law == "link"
-            and len({int(r["P"]) for r in runs} - {1}) > 1):
+    if several_P and machine.law == "link":
         machine = replace(machine, fixed_shape=_host_shape(design))  # prices and cache as is
         free, table = _fits(machine)
     weights, over, table1 = {}, {}, set()
@@ -556,10 +556,8 @@ def heldout_errors(machine: Machine, runs) -> dict[str, tuple[float, float, int]
     for algo, (X, t, Ps, ns) in design.items():
         kind = 1 if algo in machine.table1 else 0  # the fit fit_terms chose
         fit = _fits(machine)[kind]
-        fold_fit = None
-        if machine.fixed_shape is not None:
-            def fold_fit(P, kind=kind):
-                return _host_fits(shape_without(P))[kind]
+        fold_fit = (None if machine.fixed_shape is None
+                    else lambda P, kind=kind: _host_fits(shape_without(P))[kind])
         inside, beyond = _size_folds(X, t, Ps, ns, fit), _p_folds(X, t, Ps, fit, fold_fit)
         out[algo] = (float(np.median(inside)) if inside else math.nan,
                      _per_octave(inside, beyond), len(t))
