@@ -54,6 +54,11 @@ Rabenseifner runs 2 log2 P steps from Python where MPI runs one call in C, a
 growth with P on shared cores that the terms understate (`dense` picked over
 `mpi` at 2-3K elements, P = 6 and 8: 1.3-1.7x slower, BENCHMARKS "Selector
 regret").
+Elsewhere a lossy algorithm predicted faster than the fastest exact one by
+less than ``EXACT_TIE`` (5%) does not win, a tie far inside the predictions'
+errors: the exact one is chosen (where gaussiank, TopkA and MPI's allreduce
+were predicted within 1.5% of each other, numerics alone picked gaussiank, 3.5x
+slower than MPI: BENCHMARKS "Selector regret").
 ``Decision.explain`` shows the errors and bounds and says so.
 """
 from __future__ import annotations
@@ -156,6 +161,10 @@ ROBUST = ("exact", "none")
 # "Far": more octaves of n or P beyond its runs than the held-out folds reach (a P left out
 # of runs at 2, 3, 4 lies at most one octave from the others); within them the errors hold.
 FAR_OCTAVES = 1.0
+# A lossy algorithm predicted faster than the fastest exact one by less than this share
+# is no win: the predictions' errors are several times wider, and the exact one adds no
+# compression error (Selector.choose).
+EXACT_TIE = 0.05
 
 
 class Selector:
@@ -344,12 +353,17 @@ class Selector:
             far_n = beyond[0] > FAR_OCTAVES
             band = None if far_n else {a: self._growth(a, n, P) for a in cands}
             best = self._robust_choice(cands, pred, err, far_n=far_n, band=band)
-        note = "" if self.model is not None else "no learned correction: bare cost model"
+        notes = [] if self.model is not None else ["no learned correction: bare cost model"]
+        exact = [a for a in cands if not _lossy(a)]
+        if not robust and _lossy(best) and exact:
+            tie = min(exact, key=lambda a: (pred[a], a))
+            if pred[tie] <= pred[best] * (1 + EXACT_TIE):
+                notes.append(f"{tie} over {best}: exact, predicted within {EXACT_TIE:.0%} of it")
+                best = tie
         if not robust and self._native_stays(n, P, density, best, pred, err):
-            note = "\n".join(filter(None, [note, (
-                f"{self.native} stays: the fastest exact algorithm at P={self.top_P}, the "
-                f"largest P run, and {best}'s band overlaps its own")]))
+            notes.append(f"{self.native} stays: the fastest exact algorithm at P={self.top_P}, "
+                         f"the largest P run, and {best}'s band overlaps its own")
             best = self.native
         outside = self._outside(n, P, _dens(best, density), best)
-        return Decision(best, n, P, density, pred, model, outside == 0.0, note, cands, err,
-                        robust)
+        return Decision(best, n, P, density, pred, model, outside == 0.0, "\n".join(notes),
+                        cands, err, robust)
