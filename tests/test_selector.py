@@ -460,19 +460,18 @@ def test_an_exact_algorithm_wins_a_near_tie(slow, monkeypatch):
     """A lossy algorithm predicted faster than the fastest exact one by less than
     EXACT_TIE is no win (its error band is several times wider): the exact one is
     chosen, and the decision says why.  A clear lossy win stands."""
-    from autotune import selector as sel_mod
+    from autotune.selector import EXACT_TIE
 
     sel = Selector(slow, learn=False)
     n, P = 1 << 16, 2
-    for lossy_s, want in ((0.97e-3, "dense"), (0.90e-3, "oktopk")):
-        times = {"dense": 1e-3, "mpi": 1.2e-3, "oktopk": lossy_s, "topka": 1.1e-3}
+    for margin, want in ((EXACT_TIE / 2, "dense"), (2 * EXACT_TIE, "oktopk")):
+        times = {"dense": 1e-3, "mpi": 1.2e-3, "oktopk": 1e-3 / (1 + margin), "topka": 1.1e-3}
         monkeypatch.setattr(sel, "predict", lambda a, n, P, d, t=times: (t[a], t[a]))
         d = sel.choose(n, P, 0.01, candidates=list(times))
         assert not d.robust and d.algorithm == want
-        assert ("exact, predicted within 5%" in d.explain()) == (want == "dense")
+        assert (f"exact, predicted within {EXACT_TIE:.0%}" in d.explain()) == (want == "dense")
     only_lossy = sel.choose(n, P, 0.01, candidates=["oktopk", "topka"])
     assert only_lossy.algorithm == "oktopk"
-    assert sel_mod.EXACT_TIE == 0.05
 
 
 def test_show_reports_heldout_error_per_algorithm():
