@@ -9,9 +9,13 @@ does (the suite runs on two xdist workers, whose MPI jobs share the two cores).
 Every case holds a shared lock on one file of the run; a ``quiet`` case holds
 it exclusively.  Cases marked ``mpi`` run one at a time (a second lock): two
 oversubscribed jobs on two cores spin against each other and cost more CPU
-than they overlap; the other worker meanwhile runs the cases without MPI.
+than they overlap; the other worker meanwhile runs the cases without MPI.  A
+fixture wider than a case that launches mpiexec takes the same locks itself
+(``mpi_job``), since it is set up before its first case's own.
 """
+import contextlib
 import fcntl
+from pathlib import Path
 
 import pytest
 
@@ -43,15 +47,39 @@ def mpirun():
     return run_mpi
 
 
+def _lock_files(config, tmp_path_factory) -> tuple[Path, Path]:
+    """(quiet.lock, mpi.lock) of this run: in its base temporary folder (pytest-N,
+    the workers' popen-gwN sit in it; pytest keeps the last few), shared by its
+    workers."""
+    base = tmp_path_factory.getbasetemp()
+    quiet = (base.parent if hasattr(config, "workerinput") else base) / "quiet.lock"
+    return quiet, quiet.with_name("mpi.lock")
+
+
+@contextlib.contextmanager
+def _held(quiet_lock: Path, mpi_lock: Path | None, *, quiet: bool = False):
+    with open(quiet_lock, "a") as f, open(mpi_lock or quiet_lock, "a") as m:
+        fcntl.flock(f, fcntl.LOCK_EX if quiet else fcntl.LOCK_SH)
+        if mpi_lock is not None:
+            fcntl.flock(m, fcntl.LOCK_EX)
+        yield
+
+
+@pytest.fixture(scope="session")
+def mpi_job(pytestconfig, tmp_path_factory):
+    """``with mpi_job(): ...``: for a fixture wider than a case that launches
+    mpiexec (it is set up before the case's own lock is taken): holds the locks
+    an ``mpi`` case holds.  Its cases are marked ``mpi(in_fixture=True)``: they
+    hold no MPI lock themselves."""
+    quiet, mpi = _lock_files(pytestconfig, tmp_path_factory)
+    return lambda: _held(quiet, mpi)
+
+
 @pytest.fixture(autouse=True)
 def _quiet_and_mpi_cases_run_alone(request, tmp_path_factory):
-    # the run's base temporary folder (pytest-N, the workers' popen-gwN sit in it;
-    # pytest keeps the last few): one lock file per run, shared by its workers
-    base = tmp_path_factory.getbasetemp()
-    lock = (base.parent if hasattr(request.config, "workerinput") else base) / "quiet.lock"
-    with open(lock, "a") as f, open(lock.with_name("mpi.lock"), "a") as m:
-        quiet = request.node.get_closest_marker("quiet") is not None
-        fcntl.flock(f, fcntl.LOCK_EX if quiet else fcntl.LOCK_SH)
-        if request.node.get_closest_marker("mpi") is not None:
-            fcntl.flock(m, fcntl.LOCK_EX)
+    quiet, mpi = _lock_files(request.config, tmp_path_factory)
+    marker = request.node.get_closest_marker("mpi")
+    launches = marker is not None and not marker.kwargs.get("in_fixture", False)
+    with _held(quiet, mpi if launches else None,
+               quiet=request.node.get_closest_marker("quiet") is not None):
         yield

@@ -42,19 +42,20 @@ def cli(*args, check_rc=0):
 
 
 @pytest.fixture(scope="module")
-def measured(tmp_path_factory):
+def measured(tmp_path_factory, mpi_job):
     """A real tiny profile, P=2, under mpiexec."""
     from support import run_mpi
 
     out = tmp_path_factory.mktemp("prof") / "p2.json"
-    stdout = run_mpi(2, "autotune.cli", "profile", "--sizes", "tiny", "--out", str(out),
-                     "--network", "shm-test", timeout=300)
+    with mpi_job():
+        stdout = run_mpi(2, "autotune.cli", "profile", "--sizes", "tiny", "--out", str(out),
+                         "--network", "shm-test", timeout=300)
     assert "wrote" in stdout
     return out
 
 
 # -- a real measurement ------------------------------------------------------------
-@pytest.mark.mpi
+@pytest.mark.mpi(in_fixture=True)
 def test_profile_under_mpi_has_every_part(measured):
     prof = Profile.load(measured)
     d = prof.data
@@ -198,7 +199,7 @@ def test_burst_of_a_shaped_link_is_measured(shaped_link):
     assert json.loads(p.stdout.strip().splitlines()[-1])["bytes"] == 0
 
 
-@pytest.mark.mpi
+@pytest.mark.mpi(in_fixture=True)
 def test_round_trip(measured, tmp_path):
     prof = Profile.load(measured)
     again = tmp_path / "again.json"
@@ -208,7 +209,7 @@ def test_round_trip(measured, tmp_path):
     assert back.predict("allreduce", 1 << 20) == pytest.approx(prof.predict("allreduce", 1 << 20))
 
 
-@pytest.mark.mpi
+@pytest.mark.mpi(in_fixture=True)
 def test_show(measured):
     out = cli("show", str(measured)).stdout
     for word in ("alpha us", "beta GB/s", "busbw", "held-out", "line h-o", "regimes", "topk",
@@ -222,7 +223,7 @@ def test_show(measured):
     assert f"c1 {1e9 * fit.segments[-1][2]:.4g} ns" in row, row
 
 
-@pytest.mark.mpi
+@pytest.mark.mpi(in_fixture=True)
 def test_plot(measured, tmp_path):
     pytest.importorskip("matplotlib")
     out = cli("plot", str(measured), "--outdir", str(tmp_path)).stdout

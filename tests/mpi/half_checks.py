@@ -1,12 +1,13 @@
 """Half-precision inputs under mpiexec: reduced in float32, rounded back.
 
     mpiexec -n P python -m tests.mpi.half_checks [--backend mpi|nccl] [--array host|gpu]
+                                                 [--no-torch]
 
 For every registered algorithm the backend supports, through ``autotune.allreduce``
 (where half precision is handled), with fresh random data and three calls per tensor
 (so residuals carry over):
   * float16 (numpy on the host, cupy on the GPU) and torch's float16 and bfloat16
-    (when torch is installed; CUDA tensors with --array gpu);
+    (when torch is installed and not --no-torch; CUDA tensors with --array gpu);
   * the output has the input's type, dtype, shape and device, is bitwise identical
     on every rank, and equals the same algorithm run on the float32 widening of the
     same inputs (under another name) rounded to the input's dtype; a sparse
@@ -61,7 +62,7 @@ class Kind:
         self.module, self.dtype, self.device = module, dtype, device
 
 
-def kinds(array: str) -> list[Kind]:
+def kinds(array: str, torch_kinds: bool = True) -> list[Kind]:
     out = []
     if array == "host":
         out.append(Kind("numpy float16", lambda x: x.astype(np.float16),
@@ -71,6 +72,8 @@ def kinds(array: str) -> list[Kind]:
 
         out.append(Kind("cupy float16", lambda x: cupy.asarray(x.astype(np.float16)),
                         lambda h: h.astype(cupy.float32), "cupy", "float16", "cuda"))
+    if not torch_kinds:
+        return out
     try:
         import torch
     except ImportError:
@@ -102,11 +105,11 @@ def expect_error(fn, exc, match: str, what: str) -> None:
     raise AssertionError(f"{what}: no {exc.__name__} raised")
 
 
-def case_algorithms(array: str, rng) -> int:
+def case_algorithms(array: str, torch_kinds: bool, rng) -> int:
     n = 0
     comm = autotune.init()
     names = [a for a, cls in ALGORITHMS.items() if cls.supports(comm)]
-    for kind in kinds(array):
+    for kind in kinds(array, torch_kinds):
         for alg in names:
             lossy = ALGORITHMS[alg].lossy
             dens = DENSITY if lossy else None
@@ -138,10 +141,10 @@ def _round(ref, like):
     return ref.astype(like.dtype)
 
 
-def case_errors(array: str, rng) -> int:
+def case_errors(array: str, torch_kinds: bool, rng) -> int:
     n = 0
     x = rng.standard_normal(SHAPE).astype(np.float32)
-    ks = kinds(array)
+    ks = kinds(array, torch_kinds)
     f16 = ks[0]
     if P > 1:   # float16 on rank 0, float32 elsewhere: the caller's dtypes differ
         mixed = f16.make(x) if RANK == 0 else f16.widen(f16.make(x))
@@ -179,6 +182,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--backend", choices=["mpi", "nccl"], default="mpi")
     ap.add_argument("--array", choices=["host", "gpu"], default="host")
+    ap.add_argument("--no-torch", dest="torch", action="store_false",
+                    help="leave out torch's float16 and bfloat16 (its import is most of a run)")
     args = ap.parse_args(argv)
     if args.backend == "nccl":
         from collectives import NCCLCommunicator
@@ -190,10 +195,10 @@ def main(argv=None) -> int:
     rng = np.random.default_rng([seed, RANK])
     if RANK == 0:
         print(f"half_checks P={P} seed={seed} backend={args.backend} array={args.array} "
-              f"kinds={[k.label for k in kinds(args.array)]}", flush=True)
+              f"kinds={[k.label for k in kinds(args.array, args.torch)]}", flush=True)
     return run_cases(WORLD, "half_checks",
-                     {"algorithms": lambda: case_algorithms(args.array, rng),
-                      "errors": lambda: case_errors(args.array, rng)}, seed)
+                     {"algorithms": lambda: case_algorithms(args.array, args.torch, rng),
+                      "errors": lambda: case_errors(args.array, args.torch, rng)}, seed)
 
 
 if __name__ == "__main__":
