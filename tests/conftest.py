@@ -58,10 +58,11 @@ def _lock_files(config, tmp_path_factory) -> tuple[Path, Path]:
 
 @contextlib.contextmanager
 def _held(quiet_lock: Path, mpi_lock: Path | None, *, quiet: bool = False):
-    with open(quiet_lock, "a") as f, open(mpi_lock or quiet_lock, "a") as m:
-        fcntl.flock(f, fcntl.LOCK_EX if quiet else fcntl.LOCK_SH)
-        if mpi_lock is not None:
-            fcntl.flock(m, fcntl.LOCK_EX)
+    with contextlib.ExitStack() as stack:
+        for path, mode in ((quiet_lock, fcntl.LOCK_EX if quiet else fcntl.LOCK_SH),
+                           (mpi_lock, fcntl.LOCK_EX)):
+            if path is not None:
+                fcntl.flock(stack.enter_context(open(path, "a")), mode)
         yield
 
 

@@ -294,8 +294,7 @@ def test_hook_signature_accepted_by_ddp_checks():
 
 # -- under mpiexec -----------------------------------------------------------------------
 @pytest.mark.mpi
-@pytest.mark.parametrize("nprocs", [3])
-def test_torch_integrations_keep_replicas_identical(mpirun, nprocs):
+def test_torch_integrations_keep_replicas_identical(mpirun):
     """One launch (torch's import is most of a launch): DDP (gloo on the MPI
     ranks) + allreduce_hook, every algorithm, several buckets; DistributedOptimizer
     without torch.distributed, every algorithm, flat and per layer;
@@ -304,6 +303,7 @@ def test_torch_integrations_keep_replicas_identical(mpirun, nprocs):
     P; P = 2 runs both integrations end to end in test_examples_write_curves and
     every algorithm in the conformance suite."""
     pytest.importorskip("torch")
+    nprocs = 3
     cases = ["ddp", "native", "broadcast", "optimizer", "half"]
     out = mpirun(nprocs, "tests.mpi.torch_checks", "--cases", ",".join(cases), timeout=300)
     assert f"torch_checks P={nprocs}:" in out

@@ -62,7 +62,7 @@ class Kind:
         self.module, self.dtype, self.device = module, dtype, device
 
 
-def kinds(array: str, torch_kinds: bool = True) -> list[Kind]:
+def kinds(array: str, torch_kinds: bool) -> list[Kind]:
     out = []
     if array == "host":
         out.append(Kind("numpy float16", lambda x: x.astype(np.float16),
@@ -105,11 +105,11 @@ def expect_error(fn, exc, match: str, what: str) -> None:
     raise AssertionError(f"{what}: no {exc.__name__} raised")
 
 
-def case_algorithms(array: str, torch_kinds: bool, rng) -> int:
+def case_algorithms(ks: list[Kind], rng) -> int:
     n = 0
     comm = autotune.init()
     names = [a for a, cls in ALGORITHMS.items() if cls.supports(comm)]
-    for kind in kinds(array, torch_kinds):
+    for kind in ks:
         for alg in names:
             lossy = ALGORITHMS[alg].lossy
             dens = DENSITY if lossy else None
@@ -141,10 +141,9 @@ def _round(ref, like):
     return ref.astype(like.dtype)
 
 
-def case_errors(array: str, torch_kinds: bool, rng) -> int:
+def case_errors(ks: list[Kind], rng) -> int:
     n = 0
     x = rng.standard_normal(SHAPE).astype(np.float32)
-    ks = kinds(array, torch_kinds)
     f16 = ks[0]
     if P > 1:   # float16 on rank 0, float32 elsewhere: the caller's dtypes differ
         mixed = f16.make(x) if RANK == 0 else f16.widen(f16.make(x))
@@ -193,12 +192,13 @@ def main(argv=None) -> int:
         autotune.init(MPICommunicator(WORLD))
     seed = WORLD.bcast(int(os.environ.get("HALF_SEED", time.time_ns() % 2**32)), 0)
     rng = np.random.default_rng([seed, RANK])
+    ks = kinds(args.array, args.torch)
     if RANK == 0:
         print(f"half_checks P={P} seed={seed} backend={args.backend} array={args.array} "
-              f"kinds={[k.label for k in kinds(args.array, args.torch)]}", flush=True)
+              f"kinds={[k.label for k in ks]}", flush=True)
     return run_cases(WORLD, "half_checks",
-                     {"algorithms": lambda: case_algorithms(args.array, args.torch, rng),
-                      "errors": lambda: case_errors(args.array, args.torch, rng)}, seed)
+                     {"algorithms": lambda: case_algorithms(ks, rng),
+                      "errors": lambda: case_errors(ks, rng)}, seed)
 
 
 if __name__ == "__main__":
