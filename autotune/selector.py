@@ -40,12 +40,13 @@ far (n within the runs), a win is judged on the error's growth in P alone
 (per octave of P times the octaves): the in-range error measures a fit across
 sizes, and with it added a sparse algorithm predicted 9x faster than dense
 over a slow link could not win (regret 13-16, BENCHMARKS "Selector regret").
-The reference is the exact one with the lowest upper bound, except on a CPU profile far beyond
+The reference is the exact one with the lowest upper bound, except on a CPU profile far above
 the sampled sizes, where it is dense (Rabenseifner): there host MPI's
 allreduce switches to algorithms its model does not know, so its prediction
 has no bound and it cannot clearly win either (BENCHMARKS "Selector
-regret").  Only P far beyond the runs, at sampled sizes, gives MPI no such
-reason.
+regret").  Only P far beyond the runs, or n far below them (latency-bound,
+where MPI's one call in C beats Rabenseifner's steps from Python: `dense`
+picked at 2021 elements, 1.2-1.7x slower), gives MPI no such reason.
 Beyond the largest P of the runs, where host MPI's allreduce is the fastest
 exact algorithm at that P and another exact one is predicted faster but not
 clearly (their error bands overlap), MPI's allreduce stays: there the learned
@@ -114,7 +115,7 @@ class Decision:
             lines.append(f"robust choice: far beyond the runs of {fastest} (predicted fastest), "
                          f"the reference exact algorithm unless another's upper bound is "
                          f"below its lower one (where only P is far: bounds from the error's "
-                         f"growth in P; where n is far on a CPU, dense is the reference and "
+                         f"growth in P; where n is far above them on a CPU, dense is the reference and "
                          f"host MPI's allreduce has no bound)")
         if self.note:
             lines.append(self.note)
@@ -290,14 +291,14 @@ class Selector:
             return None
         return costmodel.expected_error(e, *self._beyond(algo, n, P))
 
-    def _robust_choice(self, cands, pred, err, *, far_n: bool, band=None) -> str:
+    def _robust_choice(self, cands, pred, err, *, above: bool, band=None) -> str:
         """Far outside the runs: a reference exact algorithm (exact ``dense``,
-        Rabenseifner, on a CPU profile when n is far beyond the runs, ``far_n``; else
+        Rabenseifner, on a CPU profile when n is far above the runs, ``above``; else
         the exact one with the lowest upper end of its error band) unless another
         algorithm clearly wins: its prediction x exp(``band``) lies below the
         reference's prediction x exp(-``band``); the lowest such of those that do (of
         all, by upper end, without an exact candidate).  Host MPI's own allreduce
-        never clearly wins where n is far (its prediction has no bound there: see
+        never clearly wins where n is far above (its prediction has no bound there: see
         the module docstring).  ``band``: per algorithm, the log error a win is
         judged with (default ``err``; ``choose`` passes the error's growth in P
         where only P is far)."""
@@ -305,7 +306,7 @@ class Selector:
         exact = [a for a in cands if not _lossy(a)]
         if not exact:
             return min(cands, key=lambda a: (upper[a], a))
-        far_host = self.host and far_n and "dense" in exact
+        far_host = self.host and above and "dense" in exact
         ref = "dense" if far_host else min(exact, key=lambda a: (upper[a], a))
         band = err if band is None else band
         high = {a: pred[a] * math.exp(band[a]) for a in cands}
@@ -352,7 +353,8 @@ class Selector:
         if robust:
             far_n = beyond[0] > FAR_OCTAVES
             band = None if far_n else {a: self._growth(a, n, P) for a in cands}
-            best = self._robust_choice(cands, pred, err, far_n=far_n, band=band)
+            above = far_n and math.log2(max(n, 1)) > self.domains[best][1][0]
+            best = self._robust_choice(cands, pred, err, above=above, band=band)
         notes = [] if self.model is not None else ["no learned correction: bare cost model"]
         exact = [a for a in cands if not _lossy(a)]
         if not robust and _lossy(best) and exact:

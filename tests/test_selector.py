@@ -578,9 +578,9 @@ def test_runs_at_one_P_take_the_law_from_the_network_label(slow):
 def test_runs_at_one_P_pool_the_error_per_octave_and_robust_reference(slow):
     """With runs at one P every algorithm's error per octave of P is the median of
     their in-range errors; the robust choice far beyond the runs keeps dense on a
-    CPU profile only when n is far (host MPI's unknown algorithm switch: its allreduce
-    cannot clearly win there either), else the exact algorithm with the lowest upper
-    bound."""
+    CPU profile only when n is far above them (host MPI's unknown algorithm switch: its
+    allreduce cannot clearly win there either), else the exact algorithm with the lowest
+    upper bound."""
     prof = _one_host(slow, "tcp-1gbit")
     bare = costmodel.Machine.from_profile({**prof, "runs": []})
     rng = np.random.default_rng(1)
@@ -595,34 +595,40 @@ def test_runs_at_one_P_pool_the_error_per_octave_and_robust_reference(slow):
     assert all(e[1] == pytest.approx(float(np.median(inside))) for e in sel.errors.values())
     assert len({e[0] for e in sel.errors.values()}) > 1  # the in-range errors stay apart
     pred, err = {"dense": 1.0, "mpi": 0.9}, {"dense": 0.2, "mpi": 0.1}
-    assert sel._robust_choice(["dense", "mpi"], pred, err, far_n=True) == "dense"
-    assert sel._robust_choice(["dense", "mpi"], pred, err, far_n=False) == "mpi"
-    # where n is far, host MPI's allreduce has no bound: however fast it is predicted, it
+    assert sel._robust_choice(["dense", "mpi"], pred, err, above=True) == "dense"
+    assert sel._robust_choice(["dense", "mpi"], pred, err, above=False) == "mpi"
+    # where n is far above, host MPI's allreduce has no bound: however fast it is predicted, it
     # does not clearly win against dense (a sparse algorithm still can); where only P is
     # far, it can
     pred = {"dense": 1.0, "mpi": 0.1, "topka": 0.1}
     err = {"dense": 0.2, "mpi": 0.1, "topka": 0.1}
     assert sel.native == "mpi"
-    assert sel._robust_choice(["dense", "mpi"], pred, err, far_n=True) == "dense"
-    assert sel._robust_choice(["dense", "mpi", "topka"], pred, err, far_n=True) == "topka"
-    assert sel._robust_choice(["dense", "mpi"], pred, err, far_n=False,
+    assert sel._robust_choice(["dense", "mpi"], pred, err, above=True) == "dense"
+    assert sel._robust_choice(["dense", "mpi", "topka"], pred, err, above=True) == "topka"
+    assert sel._robust_choice(["dense", "mpi"], pred, err, above=False,
                               band={"dense": 0.2, "mpi": 0.1}) == "mpi"
     d = sel.choose(1 << 16, 16, 0.01, candidates=["dense", "mpi"])  # only P is far
     assert d.robust and d.algorithm == min(d.predicted_s, key=d.upper_s)
+    # n far below the runs (2^12..2^20): latency-bound, host MPI's bound holds; far above
+    # them dense is the reference whatever MPI is predicted
+    below = sel.choose(1 << 9, 2, 0.01, candidates=["dense", "mpi"])
+    assert below.robust and below.algorithm == min(below.predicted_s, key=below.upper_s)
+    assert min(below.predicted_s, key=below.upper_s) == "mpi"
+    assert sel.choose(1 << 25, 2, 0.01, candidates=["dense", "mpi"]).algorithm == "dense"
     # a win is judged with the band given (choose: the error's growth in P where only P
     # is far): 6.7x predicted is not clear against in-range errors of 1.0, it is against 0.3
     pred, err = {"dense": 10.0, "topka": 1.5}, {"dense": 1.0, "topka": 1.0}
-    assert sel._robust_choice(["dense", "topka"], pred, err, far_n=False) == "dense"
-    assert sel._robust_choice(["dense", "topka"], pred, err, far_n=False,
+    assert sel._robust_choice(["dense", "topka"], pred, err, above=False) == "dense"
+    assert sel._robust_choice(["dense", "topka"], pred, err, above=False,
                               band={"dense": 0.3, "topka": 0.3}) == "topka"
-    assert sel._robust_choice(["dense", "topka"], pred, err, far_n=False,
+    assert sel._robust_choice(["dense", "topka"], pred, err, above=False,
                               band={"dense": 1.0, "topka": 1.0}) == "dense"
     cands = ["dense", "mpi", "oktopk", "topka"]
     for n, P in ((1 << 16, 16), (1 << 13, 64), (1 << 20, 8)):  # only P is far
         d = sel.choose(n, P, 0.01, candidates=cands)
         growth = {a: sel._growth(a, n, P) for a in cands}
         assert d.robust and all(0 <= growth[a] < d.error[a] for a in cands)
-        assert d.algorithm == sel._robust_choice(cands, d.predicted_s, d.error, far_n=False,
+        assert d.algorithm == sel._robust_choice(cands, d.predicted_s, d.error, above=False,
                                                  band=growth)
 
 
