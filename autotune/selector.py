@@ -33,7 +33,7 @@ algorithm's growth in P apart from another's, and every algorithm's error per
 octave of P is one pooled value, the median of their in-range errors (an
 algorithm's own in-range error measures its fit across sizes, not in P).
 Far outside the runs of the predicted-fastest algorithm (more than
-``FAR_OCTAVES`` of n or P beyond them) the selector takes the robust choice:
+``FAR_OCTAVES`` of n above them or of P beyond them) the selector takes the robust choice:
 a reference exact algorithm unless another clearly wins (its upper bound,
 predicted x exp(error), below the reference's lower one).  Where only P lies
 far (n within the runs), a win is judged on the error's growth in P alone
@@ -44,9 +44,12 @@ The reference is the exact one with the lowest upper bound, except on a CPU prof
 the sampled sizes, where it is dense (Rabenseifner): there host MPI's
 allreduce switches to algorithms its model does not know, so its prediction
 has no bound and it cannot clearly win either (BENCHMARKS "Selector
-regret").  Only P far beyond the runs, or n far below them (latency-bound,
-where MPI's one call in C beats Rabenseifner's steps from Python: `dense`
-picked at 2021 elements, 1.2-1.7x slower), gives MPI no such reason.
+regret").  Only P far beyond the runs, at sampled sizes, gives MPI no such
+reason.  n far below the runs is not far: there the prediction stands (its
+latency terms rest on primitives the profile measures down to 4 bytes, and the
+learned correction keeps its value at the smallest run); with dense as the
+reference, or the lowest upper bound, `dense` was picked over MPI's one call
+in C at 557-2021 elements, 1.2-2.0x slower (BENCHMARKS "Selector regret").
 Beyond the largest P of the runs, where host MPI's allreduce is the fastest
 exact algorithm at that P and another exact one is predicted faster but not
 clearly (their error bands overlap), MPI's allreduce stays: there the learned
@@ -281,6 +284,14 @@ class Selector:
         d = _gap(lo[:2], hi[:2], np.array(_point(algo, n, P, None)[:2]))
         return float(d[0]), float(d[1])
 
+    def _above(self, algo: str, n: int, P: int) -> tuple[float, float]:
+        """Octaves of n above the algorithm's runs (0 within or below them) and of
+        P beyond them (either way); inf without runs."""
+        if algo not in self.domains:
+            return math.inf, math.inf
+        hi_n = self.domains[algo][1][0]
+        return max(0.0, math.log2(max(n, 1)) - float(hi_n)), self._beyond(algo, n, P)[1]
+
     def error(self, algo: str, n: int, P: int) -> float | None:
         """The prediction's expected |log(predicted / measured)|: the held-out error
         in range, plus its growth per octave of P beyond the runs (the one-P-out
@@ -347,14 +358,15 @@ class Selector:
             if e is not None:
                 err[a] = e
         best = min(cands, key=lambda a: (pred[a], a))
-        beyond = self._beyond(best, n, P)
+        # octaves of n above the runs of the predicted-fastest algorithm (below them is
+        # not far: see the module docstring), of P beyond them
+        above_n, beyond_P = self._above(best, n, P)
         robust = (self.robust != "none" and len(err) == len(cands)
-                  and max(beyond) > FAR_OCTAVES)
+                  and max(above_n, beyond_P) > FAR_OCTAVES)
         if robust:
-            far_n = beyond[0] > FAR_OCTAVES
+            far_n = above_n > FAR_OCTAVES
             band = None if far_n else {a: self._growth(a, n, P) for a in cands}
-            above = far_n and math.log2(max(n, 1)) > self.domains[best][1][0]
-            best = self._robust_choice(cands, pred, err, above=above, band=band)
+            best = self._robust_choice(cands, pred, err, above=far_n, band=band)
         notes = [] if self.model is not None else ["no learned correction: bare cost model"]
         exact = [a for a in cands if not _lossy(a)]
         if not robust and _lossy(best) and exact:
