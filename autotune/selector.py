@@ -118,8 +118,8 @@ class Decision:
             lines.append(f"robust choice: far beyond the runs of {fastest} (predicted fastest), "
                          f"the reference exact algorithm unless another's upper bound is "
                          f"below its lower one (where only P is far: bounds from the error's "
-                         f"growth in P; where n is far above them on a CPU, dense is the reference and "
-                         f"host MPI's allreduce has no bound)")
+                         f"growth in P; where n is far above them on a CPU, dense is the "
+                         f"reference and host MPI's allreduce has no bound)")
         if self.note:
             lines.append(self.note)
         return "\n".join(lines)
